@@ -794,7 +794,7 @@ def _conv_description() -> dict:
     # an attribute the op cannot carry was read past: a misspelt flag left the layer as it was, unsaid
     (lambda d: d["nodes"][1]["attrs"].update(padding_mode="reflect"),
      r"\(conv2d\): unknown attr 'padding_mode' \(known: in_channels, out_channels, kernel_size, stride, padding, "
-     r"dilation, groups, bias, fixed, standardize_unbiased, standardize_eps, standardize, shares\)$"),
+     r"dilation, groups, bias, fixed, standardize_unbiased, standardize_eps, standardize, weight_norm, shares\)$"),
     (lambda d: d.update(schema_version=2), r"schema_version 2 is not one this perf4sight reads \(1 to 1;"),
     (lambda d: d.update(output=[d["output"]]), r"output must be the name of a node, got \['"),
     (lambda d: d["nodes"][1].update(inputs=[]), r"node '.*' \(conv2d\) has no inputs"),
@@ -1889,12 +1889,12 @@ class _Unchanged(nn.Module):
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
 def test_a_reparametrised_weight_is_read_not_unused():
     """A parametrized layer holds its weight as ``parametrizations.weight.original``, read by the layer's call: not
-    unused (weight_norm's gains were said to be read by no layer, and predict called them left out; weight_norm is
-    refused by name since 2026-12-01, test_ir_research_blocks)."""
+    unused (weight_norm's gains were said to be read by no layer, and predict called them left out; weight_norm of
+    dim 0 is the conv2d's attr weight_norm since 2026-12-01, its gains counted, test_ir_research_blocks)."""
     for weight_norm in (nn.utils.parametrizations.weight_norm, nn.utils.weight_norm):
         module = nn.Sequential(weight_norm(nn.Conv2d(3, 8, 3)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        with pytest.raises(UserError, match=r"^wn: layer '0' \(Conv2d\) has its weight (parametrized|computed) by "):
-            describe(module, [3, 8, 8], "wn")
+        desc = describe(module, [3, 8, 8], "wn")
+        assert "unused_params" not in desc.extra and desc.params == 8 * 3 * 9 + 8 + 8
     conv = nn.Conv2d(3, 8, 3)
     nn.utils.parametrize.register_parametrization(conv, "weight", _Unchanged())
     module = nn.Sequential(conv, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4), nn.Linear(4, 4))

@@ -450,12 +450,20 @@ _HOOK_SAID = r"at every forward, with a backward and tensors kept of its own, wh
 #: Each parametrized layer: (the network holding it, what its refusal must say). Each was described as the plain
 #: layer (the parametrization's kernels, their backward and tensors left out), weight_norm's gains not counted.
 _PARAMETRIZED = {
-    "weight_norm": (lambda: _parametrized(parametrizations.weight_norm),
-                    r"probe: layer 'block' \(Conv2d\) has its weight parametrized by weight_norm "
-                    r"\(torch.nn.utils.parametrizations.weight_norm\): computed from its parameters " + _HOOK_SAID),
-    "old weight_norm": (lambda: _parametrized(torch.nn.utils.weight_norm),
-                        r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils.weight_norm's "
-                        r"hook \(from weight_g and weight_v\) " + _HOOK_SAID),
+    "weight_norm over dim 1": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, dim=1)),
+                               r"probe: layer 'block' \(Conv2d\) has its weight parametrized by weight_norm "
+                               r"\(torch.nn.utils.parametrizations.weight_norm; of dim 0 alone, on an nn.Conv2d or "
+                               r"nn.Linear called as the layer, it describes\): computed from its parameters "
+                               + _HOOK_SAID),
+    "weight_norm of the whole weight": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, dim=None),
+                                                              nn.Linear(8, 8)),
+                                        r"probe: layer 'block' \(Linear\) has its weight parametrized by weight_norm"),
+    "weight_norm of the bias": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, "bias")),
+                                r"probe: layer 'block' \(Conv2d\) has its bias parametrized by weight_norm"),
+    "old weight_norm over dim 1": (lambda: _parametrized(lambda c: torch.nn.utils.weight_norm(c, dim=1)),
+                                   r"probe: layer 'block' \(Conv2d\) has its weight computed by "
+                                   r"torch.nn.utils.weight_norm's hook \(from weight_g and weight_v; of dim 0 alone, "
+                                   r"on an nn.Conv2d or nn.Linear called as the layer, it describes\) " + _HOOK_SAID),
     "old weight_norm, traced through": (lambda: _parametrized(torch.nn.utils.weight_norm, _HandWrittenConv()),
                                         r"probe: layer 'block' \(_HandWrittenConv\) has its weight computed by "
                                         r"torch.nn.utils.weight_norm's hook"),
@@ -984,3 +992,102 @@ def test_an_optimisers_step_in_the_backward_is_refused():
     shapes = []
     observed = _hooked(lambda m: m.weight.register_post_accumulate_grad_hook(lambda p: shapes.append(p.grad.shape)))
     assert describe(observed, SHAPE, name="probe").to_dict() == plain and shapes
+
+#: Each layer of a weight_norm: (the layer made, its description op, its weight_norm attr).
+_WEIGHT_NORMED = {
+    "a conv2d's parametrization": (lambda: parametrizations.weight_norm(nn.Conv2d(8, 8, 3, padding=1, groups=2)),
+                                   "conv2d", "parametrization"),
+    "a conv2d's old hook": (lambda: torch.nn.utils.weight_norm(nn.Conv2d(8, 8, 3, padding=1, bias=False)), "conv2d",
+                            "hook"),
+    "a linear's parametrization": (lambda: parametrizations.weight_norm(nn.Linear(8, 8)), "linear",
+                                   "parametrization"),
+    "a linear's old hook": (lambda: torch.nn.utils.weight_norm(nn.Linear(8, 8, bias=False)), "linear", "hook"),
+}
+
+
+class _PerPixel(nn.Module):
+    """A linear layer over each pixel's channels."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x):
+        return self.linear(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+@pytest.mark.parametrize("case", list(_WEIGHT_NORMED))
+def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
+    """A conv2d's or linear's weight normalised per output channel by torch's weight_norm (w = g * v / ||v||, dim 0:
+    the parametrization, or the older hook) was refused ("has its weight parametrized by weight_norm"): it is the
+    layer's attr weight_norm, rebuilt by torch's own function. The rebuilt module computes the original's output and
+    gradients (g's and v's), runs its kernels and describes again as it; the kernels the features add to the plain
+    layer's are torch's (one forward, one back); g's parameters are counted; what autograd keeps per sample and once
+    a step is the features'; the allocation model leaves it to the meta trace, which runs; a PerfSeer graph keeps the
+    attr."""
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.schema import NetworkDescription
+    from perf4sight.ir.to_torch import build_module
+
+    make, op, form = _WEIGHT_NORMED[case]
+    torch.manual_seed(0)
+    layer = make()
+    module = _Block(layer if op == "conv2d" else _PerPixel(layer))
+    desc = _computes_the_same(module)
+    node = next(n for n in desc.nodes if n.attrs.get("weight_norm"))
+    assert (node.op, node.attrs["weight_norm"]) == (op, form)
+    assert [n.name for n in desc.nodes if n.attrs.get("weight_norm")] == [node.name]
+    rebuilt = build_module(desc)
+    assert [name for name, _ in getattr(rebuilt, node.name).named_parameters()] == \
+        [name for name, _ in layer.named_parameters()]
+    assert describe(rebuilt, SHAPE, name="probe").to_dict() == desc.to_dict()
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(rebuilt)
+    assert (ran["_weight_norm_interface"], ran["_weight_norm_interface_backward"]) == (1, 1)
+    plain_data = desc.to_dict()
+    del next(n for n in plain_data["nodes"] if n["name"] == node.name)["attrs"]["weight_norm"], plain_data["params"]
+    plain_desc = NetworkDescription.from_dict(plain_data)
+    assert desc.params - plain_desc.params == 8  # g: one gain an output channel
+    added = sum(ran.values()) - sum(_kernels_run(build_module(plain_desc)).values())
+    assert added == sum(v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(desc)) - sum(
+        v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(plain_desc)) == 2
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    features = network_features(desc)
+    assert features.per_sample["saved_bytes"] == network_features(plain_desc).per_sample["saved_bytes"] == \
+        (at4 - at2) / 2
+    weights = 8 * 8 // node.attrs["groups"] * 9 if op == "conv2d" else 8 * 8
+    assert features.batch_saved_sizes.sum() == at2 - 2 * (at4 - at2) / 2 == (weights + 8) * 4
+    with pytest.raises(UserError, match=f"the allocation model does not cover a {op} of weight_norm"):
+        record_events(desc, 2, steps=1, method="model")
+    assert record_events(desc, 2, steps=1, method="trace")
+    back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
+def test_weight_norm_attrs_are_checked():
+    """A weight_norm of no known form, on a fixed conv2d's filter or on a standardised weight, is refused on
+    reading, naming the attr; a description without it (every older one) reads as before."""
+    from perf4sight.ir.schema import NetworkDescription
+
+    data = describe(_Block(parametrizations.weight_norm(nn.Conv2d(8, 8, 3, padding=1))), SHAPE,
+                    name="probe").to_dict()
+    assert data["nodes"][2]["attrs"]["weight_norm"] == "parametrization"
+    NetworkDescription.from_dict(data)
+    for change, said in (({"weight_norm": "spectral"}, "attr 'weight_norm' must be one of parametrization, hook, got "
+                                                       "'spectral'"),
+                         ({"fixed": True, "bias": False}, r"a fixed conv2d \(its filter a buffer\) has no weight to "
+                                                          r"normalise \(weight_norm\)"),
+                         ({"standardize": "batch_norm"}, "attrs 'weight_norm' and 'standardize' exclude each other")):
+        changed = {**data, "nodes": [dict(n) for n in data["nodes"]]}
+        node = changed["nodes"][2]
+        node["attrs"] = {**node["attrs"], **change}
+        with pytest.raises(UserError, match=said):
+            NetworkDescription.from_dict(changed)

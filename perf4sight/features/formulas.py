@@ -105,6 +105,19 @@ def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
                    batch_saved=cost.batch_saved + tuple(float(b) for b in kept))
 
 
+def _weight_normed(cost: OpCost, weights: int, cout: int) -> OpCost:
+    """``cost`` of a conv2d or linear whose weight is g * v / ||v|| per output channel (its attr ``weight_norm``,
+    either form): g's ``cout`` parameters, a tensor more (v is the weight's); torch's one kernel forward
+    (``_weight_norm_interface``, this CPU's and CUDA's alike) and one back (its ``_backward``: v's and g's gradients
+    from the weight's); and what autograd keeps once a step: the weight computed, which the layer reads (a plain one
+    reads its parameter), and the norm of each output channel. Its FLOPs, a few an element of the weight once a step,
+    are left out (per-sample figures)."""
+    kept = (float(weights * BYTES_PER_ELEMENT), float(cout * BYTES_PER_ELEMENT))
+    return replace(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
+                   kernels_fwd=cost.kernels_fwd + 1, kernels_bwd=cost.kernels_bwd + 1,
+                   batch_saved=cost.batch_saved + kept)
+
+
 def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     a = node.attrs
     kh, kw = a["kernel_size"]
@@ -132,6 +145,8 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   params=weights + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
                   kernels_fwd=1 + (1 if bias else 0), kernels_bwd=(1 if first else 2) + (1 if bias else 0),
                   kind=kind)
+    if a.get("weight_norm"):
+        return _weight_normed(cost, weights, cout)
     return _standardized(cost, a["standardize"], weights, cout) if a.get("standardize") else cost
 
 
@@ -168,11 +183,12 @@ def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     bias = fout if a["bias"] else 0
     macs = float(rows * fin * fout)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    return OpCost(macs=macs, flops_fwd=2 * macs + rows * bias,
+    cost = OpCost(macs=macs, flops_fwd=2 * macs + rows * bias,
                   flops_bwd=(0.0 if first else 2 * macs) + 2 * macs + rows * bias,
                   bytes_read=rd + (fin * fout + bias) * BYTES_PER_ELEMENT, bytes_written=wr,
                   params=fin * fout + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
                   kernels_fwd=1, kernels_bwd=(1 if first else 2) + (1 if bias else 0), kind="linear")
+    return _weight_normed(cost, fin * fout, fout) if a.get("weight_norm") else cost
 
 
 def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

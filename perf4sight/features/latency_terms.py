@@ -129,10 +129,19 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     if a.get("bias"):
         r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
         r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT, True)  # backward reduction
+    _weight_norm_rows(r, a, w_bytes)
     if a.get("standardize"):  # its weight standardised once a step: small kernels over the weight, forward and back
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
         for back in (False,) * fwd + (True,) * bwd:
             r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes, back)
+
+
+def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
+    """A conv2d's or linear's ``weight_norm``, once a step: its kernel forward (v read, the weight written) and back
+    (the weight's gradient and v read, v's gradient written), bandwidth rows over the weight."""
+    if a.get("weight_norm"):
+        r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes)
+        r.other(BANDWIDTH, 0.0, 0.0, 3 * w_bytes, True)
 
 
 def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
@@ -255,6 +264,7 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     r.gemm(fout, fin, rows, 2, b_io, w, True)
     if a.get("bias"):  # the bias's gradient, the incoming one summed (forward: addmm adds it)
         r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT, True)
+    _weight_norm_rows(r, a, w)
 
 
 def _matrix_product(r: _Rows, node: Node, in_shapes: list[list[int]], needs: list[bool]) -> None:

@@ -31,7 +31,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # conv2d: of the optional flag fixed (false), its filter a buffer, learnt nothing (a blur pool's), and no bias;
     # optional standardize (STANDARDIZATIONS: its weight the parameter standardised per output channel at every
     # forward, as written: BiT's and timm's StdConv2d), with standardize_eps (1e-5) and, but for batch_norm,
-    # standardize_unbiased (true: torch's default)
+    # standardize_unbiased (true: torch's default); optional weight_norm (WEIGHT_NORMS: its weight g * v / ||v|| per
+    # output channel, from two parameters, as torch's weight_norm computes it at every forward)
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     # optional eps (1e-5), momentum (0.1; null: torch's cumulative average), affine (true: a weight and bias),
@@ -384,7 +385,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
-                                         "conv2d": ("standardize",),
+                                         "conv2d": ("standardize", "weight_norm"), "linear": ("weight_norm",),
                                          "window_attention": ("position_bias_mlp",),
                                          "interpolate": ("scale_factor", "size_of"),
                                          "pad": ("pad_to",),
@@ -509,6 +510,28 @@ def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...]]]:
 #: StdConv2d), (w - mean) / (std + eps), (w - mean) / sqrt(var + eps), that of torch.var_mean (BiT's), or mmcv's
 #: ConvWS2d: (w - mean) / (std + eps) of the statistics of w.view(out, -1)'s rows, viewed back to [out, 1, 1, 1]
 STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows")
+
+
+#: A conv2d's or a linear's ``weight_norm``: its weight w = g * v / ||v||, the norm over each output channel (dim 0),
+#: from the parameters g ([out], one a channel) and v (the weight's shape), both trained, computed at every forward
+#: by torch's weight_norm (one kernel, ``_weight_norm_interface``, and one back): as the parametrization
+#: (``torch.nn.utils.parametrizations.weight_norm``) or as the older forward pre-hook (``torch.nn.utils.weight_norm``,
+#: which keeps the weight it last computed on the layer between steps)
+WEIGHT_NORMS = ("parametrization", "hook")
+
+
+def _weight_norm_problem(attrs: Dict[str, Any]) -> str:
+    """What is wrong with a conv2d's or a linear's ``weight_norm`` ("" if nothing)."""
+    form = attrs.get("weight_norm")
+    if form is None:
+        return ""
+    if form not in WEIGHT_NORMS:
+        return f"attr 'weight_norm' must be one of {', '.join(WEIGHT_NORMS)}, got {form!r}"
+    if attrs.get("fixed"):
+        return "a fixed conv2d (its filter a buffer) has no weight to normalise (weight_norm)"
+    if attrs.get("standardize"):
+        return "attrs 'weight_norm' and 'standardize' exclude each other (one weight computed one way)"
+    return ""
 
 
 def _standardize_problem(attrs: Dict[str, Any]) -> str:
@@ -641,6 +664,10 @@ def _attr_problem(node: "Node") -> str:
         return "a fixed conv2d (its filter a buffer, learnt nothing) has no bias"
     if node.op == "conv2d":
         problem = _standardize_problem(node.attrs)
+        if problem:
+            return problem
+    if node.op in ("conv2d", "linear"):
+        problem = _weight_norm_problem(node.attrs)
         if problem:
             return problem
     if node.op == "conv_transpose2d":
@@ -982,15 +1009,18 @@ def count_params(desc: NetworkDescription) -> int:
 
 
 def node_params(n: Node) -> int:
-    """Trainable parameters of one node's layer, as the schema defines them (conv unless fixed, batch, layer and group
+    """Trainable parameters of one node's layer, as the schema defines them (conv unless fixed, with weight_norm's gain
+    per output channel, batch, layer and group
     norm unless not affine, an instance norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors
     of scale, shift and token), whether it owns them or ``shares`` them."""
     a = n.attrs
     if n.op == "conv2d" and a.get("fixed"):  # its filter a buffer
         return 0
+    gains = a.get("out_channels", a.get("out_features", 0)) if a.get("weight_norm") else 0  # weight_norm's g
     if n.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
-        return a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw + (a["out_channels"] if a["bias"] else 0)
+        bias = a["out_channels"] if a["bias"] else 0
+        return a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw + bias + gains
     if n.op == "batchnorm2d":
         return 2 * a["num_features"] if a.get("affine", True) else 0
     if n.op == "groupnorm":
@@ -1000,7 +1030,7 @@ def node_params(n: Node) -> int:
     if n.op == "prelu":  # its slopes
         return a["num_parameters"]
     if n.op == "linear":
-        return a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
+        return a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0) + gains
     if n.op == "layernorm":
         return 2 * element_count(a["normalized_shape"]) if a.get("elementwise_affine", True) else 0
     if n.op == "rmsnorm":  # a weight, no bias

@@ -7,6 +7,7 @@ import keyword
 import math
 import operator
 import re
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
@@ -414,8 +415,25 @@ class FrozenBatchNorm2d(nn.Module):
         return x * scale + shift
 
 
+def _weight_normed(module: nn.Module, form: Optional[str]) -> nn.Module:
+    """``module`` (an ``nn.Conv2d`` or ``nn.Linear``) with its weight normalised as a conv2d's or a linear's
+    ``weight_norm`` says, by torch's own function (dim 0): its parametrization (torch 2.1 on: the parameters
+    ``parametrizations.weight.original0`` (g) and ``original1`` (v)) or its older hook (``weight_g``, ``weight_v``;
+    the weight it last computed held by the layer between steps). Where torch has no such parametrization (torch
+    1.10), the hook stands for it: the same kernels, the last weight held the more."""
+    if form is None:
+        return module
+    made = getattr(getattr(nn.utils, "parametrizations", None), "weight_norm", None)
+    if form == "parametrization" and made is not None:
+        return made(module, "weight", dim=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch 2's FutureWarning: the hook, the older of the two
+        return nn.utils.weight_norm(module, "weight", dim=0)
+
+
 def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
-    """The ``nn.Conv2d`` of a conv2d's attrs (a :class:`FixedConv2d` where ``fixed``), on ``factory``'s device."""
+    """The ``nn.Conv2d`` of a conv2d's attrs (a :class:`FixedConv2d` where ``fixed``; its weight normalised where
+    ``weight_norm``), on ``factory``'s device."""
     if a.get("fixed"):
         return FixedConv2d(a["in_channels"], a["out_channels"], a["kernel_size"], a["stride"], a["padding"],
                            a["dilation"], a["groups"], **factory)
@@ -424,8 +442,9 @@ def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
                                   a["dilation"], a["groups"], bool(a["bias"]), a["standardize"],
                                   float(a.get("standardize_eps", 1e-5)), bool(a.get("standardize_unbiased", True)),
                                   **factory)
-    return nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
-                     _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory)
+    return _weight_normed(nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
+                                    _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory),
+                          a.get("weight_norm"))
 
 
 def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
@@ -439,7 +458,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "conv2d": lambda a, **f: _conv2d(a, f),
     "batchnorm2d": lambda a, **f: _batch_norm(nn.BatchNorm2d, a, f),
     "frozen_batchnorm2d": lambda a, **f: _frozen_batch_norm(a, f),
-    "linear": lambda a, **f: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),
+    "linear": lambda a, **f: _weight_normed(nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),
+                                            a.get("weight_norm")),
     "relu": lambda a, **f: nn.ReLU(inplace=bool(a.get("inplace", False))),
     "relu6": lambda a, **f: nn.ReLU6(inplace=bool(a.get("inplace", False))),
     "hardswish": lambda a, **f: nn.Hardswish(inplace=bool(a.get("inplace", False))),

@@ -7,6 +7,9 @@ from typing import Any, Callable
 
 import torch.fx as fx
 from torch import nn
+from torch.nn.utils import parametrizations, parametrize, prune
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from perf4sight.ir.schema import INTERPOLATE_MODES, PAD_MODES, output_padding_problem
 from perf4sight.ir.shapes import transposed_output_padding
@@ -29,6 +32,29 @@ def _padding(m: nn.Conv2d) -> list[int]:
     return [r // 2 for r in reach]
 
 
+def weight_norm_form(m: nn.Module) -> str | None:
+    """The ``weight_norm`` (schema.WEIGHT_NORMS) of an ``nn.Conv2d`` or ``nn.Linear`` whose weight, and nothing else,
+    torch's weight_norm computes over dim 0 (each output channel's norm): ``"parametrization"``
+    (``torch.nn.utils.parametrizations.weight_norm``, alone) or ``"hook"`` (``torch.nn.utils.weight_norm``'s forward
+    pre-hook, its one reparametrising hook); None otherwise (another parametrization or hook, another dim, none)."""
+    if not isinstance(m, (nn.Conv2d, nn.Linear)):
+        return None
+    hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, (WeightNorm, SpectralNorm,
+                                                                        prune.BasePruningMethod))]
+    if parametrize.is_parametrized(m):
+        chains = dict(m.parametrizations.items())
+        chain = list(chains.get("weight", []))
+        normed = len(chain) == 1 and isinstance(chain[0], parametrizations._WeightNorm) and chain[0].dim == 0
+        return "parametrization" if normed and list(chains) == ["weight"] and not hooks else None
+    normed = len(hooks) == 1 and isinstance(hooks[0], WeightNorm) and hooks[0].name == "weight" and hooks[0].dim == 0
+    return "hook" if normed else None
+
+
+def _weight_norm_attr(m: nn.Module) -> dict:
+    form = weight_norm_form(m)
+    return {"weight_norm": form} if form else {}
+
+
 def _conv(m: nn.Conv2d) -> tuple[str, dict]:
     """``nn.Conv2d``; one padding other than with zeros (``padding_mode``) pads first (:func:`_conv_pad`), the
     convolution itself then padding nothing, as torch runs it."""
@@ -36,7 +62,8 @@ def _conv(m: nn.Conv2d) -> tuple[str, dict]:
     padding = _padding(m) if m.padding_mode == "zeros" else [0, 0]
     return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
                       "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": padding,
-                      "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
+                      "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None,
+                      **_weight_norm_attr(m)}
 
 
 def _conv_pad(m: nn.Conv2d) -> tuple[str, dict] | None:
@@ -382,7 +409,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.BatchNorm2d, _bn),
     (nn.BatchNorm1d, _bn),  # of [N, C] or [N, C, L] (a re-ID or metric-learning head's): the same F.batch_norm
     (nn.Linear, lambda m: ("linear", {"in_features": m.in_features, "out_features": m.out_features,
-                                      "bias": m.bias is not None})),
+                                      "bias": m.bias is not None, **_weight_norm_attr(m)})),
     (nn.ReLU, _inplace("relu")),
     (nn.ReLU6, _inplace("relu6")),
     (nn.Hardswish, _inplace("hardswish")),
