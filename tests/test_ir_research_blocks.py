@@ -1026,12 +1026,14 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
     layer's are torch's (one forward, one back); g's parameters are counted; what autograd keeps per sample and once
     a step is the features'; the allocation model leaves it to the meta trace, which runs; a PerfSeer graph keeps the
     attr."""
+    from test_allocator import _as_replayed
     from test_features import _autograd_saved_bytes
     from test_ir_research_calls import _kernels_run
 
     from perf4sight.exporters.perfseer import description_to_graph
     from perf4sight.features.aggregate import network_features
     from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.allocator import STEP
     from perf4sight.features.walk import walk
     from perf4sight.importers.perfseer import graph_to_description
     from perf4sight.ir.schema import NetworkDescription
@@ -1067,9 +1069,25 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
     assert features.batch_saved_sizes.sum() == at2 - 2 * (at4 - at2) / 2 == (weights + 8) * 4
     with pytest.raises(UserError, match=f"the allocation model does not cover a {op} of weight_norm"):
         record_events(desc, 2, steps=1, method="model")
-    assert record_events(desc, 2, steps=1, method="trace")
+    trace = record_events(desc, 2, steps=3, method="trace")
+    assert _as_replayed(trace) == _as_replayed(record_events(desc, 2, steps=3, method="trace", fast=False))
+    held = [_live_bytes(trace[:i]) for i, e in enumerate(trace) if e[0] == STEP][1:] + [_live_bytes(trace)]
+    assert held[0] == held[1] == held[2]  # the hook's weight of a step before freed at the next forward
     back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
     assert back.to_dict() == desc.to_dict()
+
+
+def _live_bytes(events) -> int:
+    """The bytes ``events`` (allocation events) leave allocated."""
+    from perf4sight.features.allocator import ALLOC, FREE
+
+    sizes: dict[int, int] = {}
+    for kind, sid, size, _ in events:
+        if kind == ALLOC:
+            sizes[sid] = size
+        elif kind == FREE:
+            sizes.pop(sid)
+    return sum(sizes.values())
 
 
 def test_weight_norm_attrs_are_checked():
