@@ -1109,3 +1109,33 @@ def test_weight_norm_attrs_are_checked():
         node["attrs"] = {**node["attrs"], **change}
         with pytest.raises(UserError, match=said):
             NetworkDescription.from_dict(changed)
+
+
+class _WeightNormedNet(nn.Module):
+    """A stem, a convolution and a classifier, the last two of torch.nn.utils.weight_norm's hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = torch.nn.utils.weight_norm(nn.Conv2d(8, 8, 3, padding=1))
+        self.fc = torch.nn.utils.weight_norm(nn.Linear(8 * 8 * 8, 10))
+
+    def forward(self, x):
+        return self.fc(self.conv(self.stem(x).relu()).flatten(1))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+def test_a_network_of_the_weight_norm_hook_is_copied_for_the_networks_stage():
+    """The networks stage deep-copies a network before pruning it (level 0 too), which torch refuses for a layer of
+    torch.nn.utils.weight_norm's hook (RuntimeError: "Only Tensors created explicitly by the user ..."): the weight
+    the hook made is copied detached, computed again at the next forward; unpruned, it describes with its attr."""
+    from perf4sight.networks.build import Source, prune_source
+    from perf4sight.networks.prune_plan import module_copy
+
+    net = _WeightNormedNet()
+    copied = module_copy(net)
+    assert copied.conv.weight is not net.conv.weight and torch.equal(copied.conv.weight, net.conv.weight)
+    x = torch.randn(2, *SHAPE)
+    assert torch.equal(copied(x), net(x))
+    (desc,) = prune_source(Source("net", "test", _WeightNormedNet), SHAPE, [0], "l1-norm", 2, seed=0)
+    assert [n.attrs.get("weight_norm") for n in desc.nodes if n.op in ("conv2d", "linear")] == [None, "hook", "hook"]

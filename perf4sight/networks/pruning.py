@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import copy
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -413,7 +412,7 @@ class PruningPlan:
         self.extra: dict[str, Any] = {}
         self._cache: dict[tuple[int, ...], float] = {}
         example = torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(0))  # not the caller's
-        traced = copy.deepcopy(base).eval()
+        traced = pp.module_copy(base).eval()
         twin = _twin(traced)  # its forwards without compute, where they run the same: a zoo network's at 224x224
         try:  # took a second (resnet50: 2-4 s) on a 2-core host, most of a --prune-to-fit's first run of it
             order, out, called, unprunable = _execution_order_on(twin, traced, example)
@@ -522,7 +521,7 @@ class PruningPlan:
         level = check_level(level, f"{self.network}: pruning level")
         source = self._meta if meta else self.base
         if level == 0:
-            return PrunedModel(self._in_modes(copy.deepcopy(source)), 0.0, 0.0, self.p0, self.p0, dict(self.extra))
+            return PrunedModel(self._in_modes(pp.module_copy(source)), 0.0, 0.0, self.p0, self.p0, dict(self.extra))
         model = self._in_modes(pp.cut(source, pp.removal(self.groups, list(self.counts_at(level)))))
         params = count_parameters(model) - self.unused
         return PrunedModel(model, level, self.achieved_level(params), params, self.p0, dict(self.extra))
@@ -572,5 +571,5 @@ def prune_model(base: nn.Module, input_shape: list[int], level: float, strategy:
     _check_strategy(strategy)
     if level == 0:
         p0 = count_parameters(base)
-        return PrunedModel(copy.deepcopy(base), 0.0, 0.0, p0, p0)
+        return PrunedModel(pp.module_copy(base), 0.0, 0.0, p0, p0)
     return PruningPlan(base, input_shape, strategy, min_channels, seed, network).prune(level)
