@@ -1146,3 +1146,27 @@ def test_a_network_of_the_weight_norm_hook_is_copied_for_the_networks_stage():
     assert [n.attrs.get("weight_norm") for n in desc.nodes if n.op in ("conv2d", "linear")] == [None, "hook", "hook"]
     twin = _meta_twin(fx.symbolic_trace(net))
     assert twin.conv.weight.is_meta and twin(torch.empty(2, *SHAPE, device="meta")).shape == (2, 10)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+def test_weight_norm_parametrization_is_rebuilt_by_the_hook_where_torch_has_none(monkeypatch):
+    """torch 1.10 (a device's) has torch.nn.utils.weight_norm but not parametrizations.weight_norm (torch 2.1): a
+    weight_norm parametrization is rebuilt there by the hook, its g and v in the same order, computing the same."""
+    from perf4sight.ir.to_torch import build_module
+
+    torch.manual_seed(0)
+    desc = describe(_Block(parametrizations.weight_norm(nn.Conv2d(8, 8, 3, padding=1))), SHAPE, name="probe")
+    node = desc.nodes[2]
+    assert node.attrs["weight_norm"] == "parametrization"
+    new = build_module(desc)
+    monkeypatch.delattr(parametrizations, "weight_norm")
+    old = build_module(desc)
+    assert [n for n, _ in getattr(old, node.name).named_parameters()] == ["bias", "weight_g", "weight_v"]
+    for a, b in zip(old.parameters(), new.parameters()):
+        b.data.copy_(a.data)
+    x = torch.randn(2, *SHAPE)
+    outs = [m(x) for m in (old, new)]
+    for out in outs:
+        out.square().sum().backward()
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)
+    assert all(torch.allclose(a.grad, b.grad, atol=1e-5) for a, b in zip(old.parameters(), new.parameters()))
