@@ -1170,3 +1170,34 @@ def test_weight_norm_parametrization_is_rebuilt_by_the_hook_where_torch_has_none
         out.square().sum().backward()
     assert torch.allclose(outs[0], outs[1], atol=1e-6)
     assert all(torch.allclose(a.grad, b.grad, atol=1e-5) for a, b in zip(old.parameters(), new.parameters()))
+
+
+class _PartlyWeightNormed(nn.Module):
+    """Two plain convolutions, one of weight_norm's parametrization, a plain classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.mid = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.wn, self.fc = parametrizations.weight_norm(nn.Conv2d(16, 16, 3, padding=1)), nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(self.wn(self.mid(self.stem(x).relu()).relu()).flatten(1))
+
+
+def test_pruning_keeps_a_weight_normed_layers_channels_and_says_so():
+    """torch-pruning cuts the channels of the plain layers alone, a weight_norm layer's (its g and v) kept whole: the
+    pruned network trains; a level beyond what that leaves is refused saying so, where it said only 'it reaches
+    15.7% at most'."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+    from perf4sight.networks.pruning import UnreachableLevel
+
+    source = Source("net", "test", _PartlyWeightNormed)
+    (desc,) = prune_source(source, SHAPE, [12], "l1-norm", 2, seed=0)
+    assert [(n.attrs["in_channels"], n.attrs["out_channels"], n.attrs.get("weight_norm")) for n in desc.nodes
+            if n.op == "conv2d"] == [(3, 5, None), (5, 16, None), (16, 16, "parametrization")]
+    _train_step(desc)
+    with pytest.raises(UnreachableLevel, match=r"it reaches 15.7% at most; the channels of its weight_norm layers "
+                                               r"\('wn'\) are kept whole: torch-pruning cuts no weight_norm's g and v"):
+        prune_source(source, SHAPE, [30], "l1-norm", 2, seed=0)
