@@ -452,8 +452,8 @@ _HOOK_SAID = r"at every forward, with a backward and tensors kept of its own, wh
 _PARAMETRIZED = {
     "weight_norm over dim 1": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, dim=1)),
                                r"probe: layer 'block' \(Conv2d\) has its weight parametrized by weight_norm "
-                               r"\(torch.nn.utils.parametrizations.weight_norm; of dim 0 alone, on an nn.Conv2d or "
-                               r"nn.Linear called as the layer, it describes\): computed from its parameters "
+                               r"\(torch.nn.utils.parametrizations.weight_norm; of dim 0 alone, on an nn.Conv2d, "
+                               r"nn.Conv1d or nn.Linear called as the layer, it describes\): computed from its parameters "
                                + _HOOK_SAID),
     "weight_norm of the whole weight": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, dim=None),
                                                               nn.Linear(8, 8)),
@@ -463,7 +463,7 @@ _PARAMETRIZED = {
     "old weight_norm over dim 1": (lambda: _parametrized(lambda c: torch.nn.utils.weight_norm(c, dim=1)),
                                    r"probe: layer 'block' \(Conv2d\) has its weight computed by "
                                    r"torch.nn.utils.weight_norm's hook \(from weight_g and weight_v; of dim 0 alone, "
-                                   r"on an nn.Conv2d or nn.Linear called as the layer, it describes\) " + _HOOK_SAID),
+                                   r"on an nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes\) " + _HOOK_SAID),
     "old weight_norm, traced through": (lambda: _parametrized(torch.nn.utils.weight_norm, _HandWrittenConv()),
                                         r"probe: layer 'block' \(_HandWrittenConv\) has its weight computed by "
                                         r"torch.nn.utils.weight_norm's hook"),
@@ -1201,3 +1201,41 @@ def test_pruning_keeps_a_weight_normed_layers_channels_and_says_so():
     with pytest.raises(UnreachableLevel, match=r"it reaches 15.7% at most; the channels of its weight_norm layers "
                                                r"\('wn'\) are kept whole: torch-pruning cuts no weight_norm's g and v"):
         prune_source(source, SHAPE, [30], "l1-norm", 2, seed=0)
+
+
+class _TemporalBlock(nn.Module):
+    """A TCN's convolution over time: the map's rows as a sequence ([N, C, H * W]), a dilated nn.Conv1d of
+    weight_norm's hook (as TCNs write it), a ReLU, back to the map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.utils.weight_norm(nn.Conv1d(8, 8, 3, padding=2, dilation=2))
+
+    def forward(self, x):
+        return self.conv(x.flatten(2)).relu().view_as(x)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+def test_a_conv1d_of_weight_norm_is_a_conv2d_of_weight_norm():
+    """A TCN's (WaveNet's) nn.Conv1d of weight_norm was refused by name: it is the conv2d of kernel (1, k) of its
+    one-pixel high view, of weight_norm, as nn.Conv1d is; the rebuilt conv2d (g of [8, 1, 1, 1] for the Conv1d's
+    [8, 1, 1], v of [8, 8, 1, 3] for [8, 8, 3]) computes the same output and gradients."""
+    from perf4sight.ir.to_torch import build_module
+
+    torch.manual_seed(0)
+    module = _Block(_TemporalBlock())
+    desc = describe(module, SHAPE, name="probe")
+    conv = next(n for n in desc.nodes if n.name == "block_conv")
+    assert (conv.op, conv.attrs["kernel_size"], conv.attrs["dilation"], conv.attrs["weight_norm"]) == (
+        "conv2d", [1, 3], [1, 2], "hook")
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    rebuilt = build_module(desc)
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data.reshape(new.shape))
+    x = torch.randn(2, *SHAPE)
+    outs = [m(x) for m in (module, rebuilt)]
+    for out in outs:
+        out.square().sum().backward()
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    assert all(torch.allclose(a.grad.reshape(b.shape), b.grad, atol=1e-4)
+               for a, b in zip(module.parameters(), rebuilt.parameters()))

@@ -292,12 +292,12 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
 #: that computes the weight from parameters of their own) by class -> the form named in a refusal
 _TORCH_PARAMETRIZATIONS = {
     parametrizations._WeightNorm: "weight_norm (torch.nn.utils.parametrizations.weight_norm; of dim 0 alone, on an "
-                                  "nn.Conv2d or nn.Linear called as the layer, it describes)",
+                                  "nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes)",
     parametrizations._SpectralNorm: "spectral_norm (torch.nn.utils.parametrizations.spectral_norm, a power iteration "
                                     "at every training step)",
     parametrizations._Orthogonal: "orthogonal (torch.nn.utils.parametrizations.orthogonal)"}
 _REPARAMETRISING_HOOKS = {WeightNorm: "torch.nn.utils.weight_norm's hook (from {0}_g and {0}_v; of dim 0 alone, on an "
-                                      "nn.Conv2d or nn.Linear called as the layer, it describes)",
+                                      "nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes)",
                           SpectralNorm: "torch.nn.utils.spectral_norm's hook (from {0}_orig, a power iteration at "
                                         "every training step)",
                           prune.BasePruningMethod: "torch.nn.utils.prune's hook ({0}_orig times the mask {0}_mask; "
@@ -312,8 +312,8 @@ def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str
     (``torch.nn.utils.weight_norm``, ``spectral_norm``, ``prune``'s masks). The trace keeps torch's layer whole and
     sees neither (a plain layer was described, the weight's computation, its backward and kept tensors left out). A
     parametrization that returns its input (the identity) computes nothing, and is described as the layer; an
-    ``nn.Conv2d``'s or ``nn.Linear``'s weight_norm over dim 0 (either form), called as the layer, is its attr
-    ``weight_norm`` (torch_modules.weight_norm_form)."""
+    ``nn.Conv2d``'s, ``nn.Conv1d``'s or ``nn.Linear``'s weight_norm over dim 0 (either form), called as the layer,
+    is its attr ``weight_norm`` (torch_modules.weight_norm_form)."""
     called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
     read = {n.target.rpartition(".")[0] for n in gm.graph.nodes if n.op == "get_attr"}
     for owner in sorted(called | read):

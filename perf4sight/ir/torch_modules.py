@@ -33,11 +33,12 @@ def _padding(m: nn.Conv2d) -> list[int]:
 
 
 def weight_norm_form(m: nn.Module) -> str | None:
-    """The ``weight_norm`` (schema.WEIGHT_NORMS) of an ``nn.Conv2d`` or ``nn.Linear`` whose weight, and nothing else,
+    """The ``weight_norm`` (schema.WEIGHT_NORMS) of an ``nn.Conv2d``, ``nn.Conv1d`` (a conv2d of a one-pixel high
+    view: the same norms, g of [out, 1, 1] for [out, 1, 1, 1]) or ``nn.Linear`` whose weight, and nothing else,
     torch's weight_norm computes over dim 0 (each output channel's norm): ``"parametrization"``
     (``torch.nn.utils.parametrizations.weight_norm``, alone) or ``"hook"`` (``torch.nn.utils.weight_norm``'s forward
     pre-hook, its one reparametrising hook); None otherwise (another parametrization or hook, another dim, none)."""
-    if not isinstance(m, (nn.Conv2d, nn.Linear)):
+    if not isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)):
         return None
     hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, (WeightNorm, SpectralNorm,
                                                                         prune.BasePruningMethod))]

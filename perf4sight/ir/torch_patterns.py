@@ -18,7 +18,7 @@ from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.ir.fx_values import (_SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value, _target_name,
                                      einsum_operands)
 from perf4sight.ir.torch_modules import (_FIXED_SAMPLES, _adaptive_pool, _conv_pad, _fractional_maxpool_attrs, _maxpool,
-                                         _softmax_attrs)
+                                         _softmax_attrs, _weight_norm_attr)
 from perf4sight.ir.torch_calls import _STD_CALLS, _dims_after_the_batch, _NoOp, _permuted_dims, _refuse_alpha, _variance
 
 
@@ -334,7 +334,7 @@ def _conv1d_attrs(m: nn.Conv1d) -> dict:
     p = 0 if m.padding == "valid" else d * (k - 1) // 2 if m.padding == "same" else int(m.padding[0])
     return {"in_channels": m.in_channels, "out_channels": m.out_channels, "kernel_size": [1, int(k)],
             "stride": [1, int(m.stride[0])], "padding": [0, p], "dilation": [1, int(d)], "groups": m.groups,
-            "bias": m.bias is not None}
+            "bias": m.bias is not None, **_weight_norm_attr(m)}
 
 
 def _conv1d_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
