@@ -467,12 +467,16 @@ _PARAMETRIZED = {
     "old weight_norm, traced through": (lambda: _parametrized(torch.nn.utils.weight_norm, _HandWrittenConv()),
                                         r"probe: layer 'block' \(_HandWrittenConv\) has its weight computed by "
                                         r"torch.nn.utils.weight_norm's hook"),
-    "spectral_norm": (lambda: _parametrized(parametrizations.spectral_norm),
-                      r"probe: layer 'block' \(Conv2d\) has its weight parametrized by spectral_norm "
-                      r"\(torch.nn.utils.parametrizations.spectral_norm, a power iteration at every training step\)"),
-    "old spectral_norm": (lambda: _parametrized(torch.nn.utils.spectral_norm),
-                          r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils.spectral_norm's "
-                          r"hook \(from weight_orig, a power iteration at every training step\) " + _HOOK_SAID),
+    "spectral_norm over dim 1": (lambda: _parametrized(lambda c: parametrizations.spectral_norm(c, dim=1)),
+                                 r"probe: layer 'block' \(Conv2d\) has its weight parametrized by spectral_norm "
+                                 r"\(torch.nn.utils.parametrizations.spectral_norm, a power iteration at every "
+                                 r"training step; of dim 0 alone, on an nn.Conv2d, nn.Conv1d or nn.Linear called as "
+                                 r"the layer, it describes\)"),
+    "old spectral_norm over dim 1": (lambda: _parametrized(lambda c: torch.nn.utils.spectral_norm(c, dim=1)),
+                                     r"probe: layer 'block' \(Conv2d\) has its weight computed by "
+                                     r"torch.nn.utils.spectral_norm's hook \(from weight_orig, a power iteration at "
+                                     r"every training step; of dim 0 alone, on an nn.Conv2d, nn.Conv1d or nn.Linear "
+                                     r"called as the layer, it describes\) " + _HOOK_SAID),
     "unstructured pruning's mask": (lambda: _parametrized(lambda c: prune.l1_unstructured(c, "weight", 0.3)),
                                     r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils."
                                     r"prune's hook \(weight_orig times the mask weight_mask; prune.remove\(layer, "
@@ -1003,6 +1007,21 @@ _WEIGHT_NORMED = {
                                    "parametrization"),
     "a linear's old hook": (lambda: torch.nn.utils.weight_norm(nn.Linear(8, 8, bias=False)), "linear", "hook"),
 }
+#: Each layer of a spectral_norm: (the layer made, its description op, its spectral_norm attrs).
+_SPECTRAL_NORMED = {
+    "a conv2d's parametrization": (lambda: parametrizations.spectral_norm(nn.Conv2d(8, 8, 3, padding=1, groups=2)),
+                                   "conv2d", {"spectral_norm": "parametrization"}),
+    "a conv2d's old hook, two iterations": (
+        lambda: torch.nn.utils.spectral_norm(nn.Conv2d(8, 8, 3, padding=1, bias=False), n_power_iterations=2,
+                                             eps=1e-6), "conv2d",
+        {"spectral_norm": "hook", "spectral_norm_iterations": 2, "spectral_norm_eps": 1e-6}),
+    "a linear's parametrization": (lambda: parametrizations.spectral_norm(nn.Linear(8, 8)), "linear",
+                                   {"spectral_norm": "parametrization"}),
+    "a linear's old hook": (lambda: torch.nn.utils.spectral_norm(nn.Linear(8, 8, bias=False)), "linear",
+                            {"spectral_norm": "hook"}),
+}
+_NORMED = {**{f"weight_norm: {k}": (make, op, {"weight_norm": form}) for k, (make, op, form) in _WEIGHT_NORMED.items()},
+           **{f"spectral_norm: {k}": v for k, v in _SPECTRAL_NORMED.items()}}
 
 
 class _PerPixel(nn.Module):
@@ -1017,15 +1036,17 @@ class _PerPixel(nn.Module):
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
-@pytest.mark.parametrize("case", list(_WEIGHT_NORMED))
+@pytest.mark.parametrize("case", list(_NORMED))
 def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
     """A conv2d's or linear's weight normalised per output channel by torch's weight_norm (w = g * v / ||v||, dim 0:
     the parametrization, or the older hook) was refused ("has its weight parametrized by weight_norm"): it is the
-    layer's attr weight_norm, rebuilt by torch's own function. The rebuilt module computes the original's output and
-    gradients (g's and v's), runs its kernels and describes again as it; the kernels the features add to the plain
-    layer's are torch's (one forward, one back); g's parameters are counted; what autograd keeps per sample and once
-    a step is the features'; the allocation model leaves it to the meta trace, which runs; a PerfSeer graph keeps the
-    attr."""
+    layer's attr weight_norm, rebuilt by torch's own function; so is one divided by its largest singular value by
+    torch's spectral_norm (a power iteration a training forward, its buffers u and v updated), the attr
+    spectral_norm. The rebuilt module computes the original's output, gradients and buffers, runs its kernels and
+    describes again as it; the kernels the features add to the plain layer's are torch's (weight_norm: one forward,
+    one back; spectral_norm: 8 an iteration and 5 forward, 9 back); g's parameters are counted; what autograd keeps
+    per sample and once a step is the features'; the allocation model leaves it to the meta trace, which runs, and
+    for the hooks step by step; a PerfSeer graph keeps the attrs."""
     from test_allocator import _as_replayed
     from test_features import _autograd_saved_bytes
     from test_ir_research_calls import _kernels_run
@@ -1039,35 +1060,44 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
     from perf4sight.ir.schema import NetworkDescription
     from perf4sight.ir.to_torch import build_module
 
-    make, op, form = _WEIGHT_NORMED[case]
+    make, op, attrs = _NORMED[case]
+    form = next(iter(attrs))
     torch.manual_seed(0)
     layer = make()
     module = _Block(layer if op == "conv2d" else _PerPixel(layer))
     desc = _computes_the_same(module)
-    node = next(n for n in desc.nodes if n.attrs.get("weight_norm"))
-    assert (node.op, node.attrs["weight_norm"]) == (op, form)
-    assert [n.name for n in desc.nodes if n.attrs.get("weight_norm")] == [node.name]
+    node = next(n for n in desc.nodes if n.attrs.get(form))
+    assert node.op == op and {k: v for k, v in node.attrs.items() if k.startswith(form)} == attrs
+    assert [n.name for n in desc.nodes if n.attrs.get(form)] == [node.name]
     rebuilt = build_module(desc)
     assert [name for name, _ in getattr(rebuilt, node.name).named_parameters()] == \
         [name for name, _ in layer.named_parameters()]
+    assert [name for name, _ in getattr(rebuilt, node.name).named_buffers()] == \
+        [name for name, _ in layer.named_buffers()]
     assert describe(rebuilt, SHAPE, name="probe").to_dict() == desc.to_dict()
     ran = _kernels_run(module)
     assert ran == _kernels_run(rebuilt)
-    assert (ran["_weight_norm_interface"], ran["_weight_norm_interface_backward"]) == (1, 1)
+    if form == "weight_norm":
+        assert (ran["_weight_norm_interface"], ran["_weight_norm_interface_backward"]) == (1, 1)
     plain_data = desc.to_dict()
-    del next(n for n in plain_data["nodes"] if n["name"] == node.name)["attrs"]["weight_norm"], plain_data["params"]
+    plain_node = next(n for n in plain_data["nodes"] if n["name"] == node.name)
+    plain_node["attrs"] = {k: v for k, v in plain_node["attrs"].items() if not k.startswith(form)}
+    del plain_data["params"]
     plain_desc = NetworkDescription.from_dict(plain_data)
-    assert desc.params - plain_desc.params == 8  # g: one gain an output channel
+    assert desc.params - plain_desc.params == (8 if form == "weight_norm" else 0)  # g: one gain an output channel
     added = sum(ran.values()) - sum(_kernels_run(build_module(plain_desc)).values())
+    iterations = attrs.get("spectral_norm_iterations", 1)
     assert added == sum(v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(desc)) - sum(
-        v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(plain_desc)) == 2
+        v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(plain_desc)) == (
+        2 if form == "weight_norm" else 8 * iterations + 5 + 9)
     at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
     features = network_features(desc)
     assert features.per_sample["saved_bytes"] == network_features(plain_desc).per_sample["saved_bytes"] == \
         (at4 - at2) / 2
     weights = 8 * 8 // node.attrs["groups"] * 9 if op == "conv2d" else 8 * 8
-    assert features.batch_saved_sizes.sum() == at2 - 2 * (at4 - at2) / 2 == (weights + 8) * 4
-    with pytest.raises(UserError, match=f"the allocation model does not cover a {op} of weight_norm"):
+    kept = weights + 8 if form == "weight_norm" else weights + 8 + weights // 8 + 1  # W / sigma, u, v, sigma
+    assert features.batch_saved_sizes.sum() == at2 - 2 * (at4 - at2) / 2 == kept * 4
+    with pytest.raises(UserError, match=f"the allocation model does not cover a {op} of {form}"):
         record_events(desc, 2, steps=1, method="model")
     trace = record_events(desc, 2, steps=3, method="trace")
     assert _as_replayed(trace) == _as_replayed(record_events(desc, 2, steps=3, method="trace", fast=False))
@@ -1092,7 +1122,8 @@ def _live_bytes(events) -> int:
 
 def test_weight_norm_attrs_are_checked():
     """A weight_norm of no known form, on a fixed conv2d's filter or on a standardised weight, is refused on
-    reading, naming the attr; a description without it (every older one) reads as before."""
+    reading, naming the attr; so are a spectral_norm with it, of no known form, of no power iteration, and its eps
+    without it; a description without them (every older one) reads as before."""
     from perf4sight.ir.schema import NetworkDescription
 
     data = describe(_Block(parametrizations.weight_norm(nn.Conv2d(8, 8, 3, padding=1))), SHAPE,
@@ -1103,10 +1134,17 @@ def test_weight_norm_attrs_are_checked():
                                                        "'spectral'"),
                          ({"fixed": True, "bias": False}, r"a fixed conv2d \(its filter a buffer\) has no weight to "
                                                           r"normalise \(weight_norm\)"),
-                         ({"standardize": "batch_norm"}, "attrs 'weight_norm' and 'standardize' exclude each other")):
+                         ({"standardize": "batch_norm"}, "attrs 'weight_norm' and 'standardize' exclude each other"),
+                         ({"spectral_norm": "hook"}, "attrs 'spectral_norm' and 'weight_norm' exclude each other"),
+                         ({"weight_norm": None, "spectral_norm": "power"}, "attr 'spectral_norm' must be one of "
+                                                                           "parametrization, hook, got 'power'"),
+                         ({"weight_norm": None, "spectral_norm": "hook", "spectral_norm_iterations": 0},
+                          "attr 'spectral_norm_iterations' must be an integer >= 1, got 0"),
+                         ({"weight_norm": None, "spectral_norm_eps": 1e-6}, "attr 'spectral_norm_eps' is for a layer "
+                                                                            "of 'spectral_norm'")):
         changed = {**data, "nodes": [dict(n) for n in data["nodes"]]}
         node = changed["nodes"][2]
-        node["attrs"] = {**node["attrs"], **change}
+        node["attrs"] = {k: v for k, v in {**node["attrs"], **change}.items() if v is not None}
         with pytest.raises(UserError, match=said):
             NetworkDescription.from_dict(changed)
 
@@ -1207,30 +1245,32 @@ class _TemporalBlock(nn.Module):
     """A TCN's convolution over time: the map's rows as a sequence ([N, C, H * W]), a dilated nn.Conv1d of
     weight_norm's hook (as TCNs write it), a ReLU, back to the map."""
 
-    def __init__(self) -> None:
+    def __init__(self, how=torch.nn.utils.weight_norm) -> None:
         super().__init__()
-        self.conv = torch.nn.utils.weight_norm(nn.Conv1d(8, 8, 3, padding=2, dilation=2))
+        self.conv = how(nn.Conv1d(8, 8, 3, padding=2, dilation=2))
 
     def forward(self, x):
         return self.conv(x.flatten(2)).relu().view_as(x)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
-def test_a_conv1d_of_weight_norm_is_a_conv2d_of_weight_norm():
-    """A TCN's (WaveNet's) nn.Conv1d of weight_norm was refused by name: it is the conv2d of kernel (1, k) of its
-    one-pixel high view, of weight_norm, as nn.Conv1d is; the rebuilt conv2d (g of [8, 1, 1, 1] for the Conv1d's
-    [8, 1, 1], v of [8, 8, 1, 3] for [8, 8, 3]) computes the same output and gradients."""
+@pytest.mark.parametrize("how,form", [(torch.nn.utils.weight_norm, ("weight_norm", "hook")),
+                                      (parametrizations.spectral_norm, ("spectral_norm", "parametrization"))])
+def test_a_conv1d_of_weight_norm_is_a_conv2d_of_weight_norm(how, form):
+    """A TCN's (WaveNet's) nn.Conv1d of weight_norm (or spectral_norm) was refused by name: it is the conv2d of
+    kernel (1, k) of its one-pixel high view, of weight_norm, as nn.Conv1d is; the rebuilt conv2d (g of [8, 1, 1, 1]
+    for the Conv1d's [8, 1, 1], v of [8, 8, 1, 3] for [8, 8, 3]) computes the same output and gradients."""
     from perf4sight.ir.to_torch import build_module
 
     torch.manual_seed(0)
-    module = _Block(_TemporalBlock())
+    module = _Block(_TemporalBlock(how))
     desc = describe(module, SHAPE, name="probe")
     conv = next(n for n in desc.nodes if n.name == "block_conv")
-    assert (conv.op, conv.attrs["kernel_size"], conv.attrs["dilation"], conv.attrs["weight_norm"]) == (
-        "conv2d", [1, 3], [1, 2], "hook")
+    assert (conv.op, conv.attrs["kernel_size"], conv.attrs["dilation"], conv.attrs[form[0]]) == (
+        "conv2d", [1, 3], [1, 2], form[1])
     assert desc.params == sum(p.numel() for p in module.parameters())
     rebuilt = build_module(desc)
-    for new, old in zip(rebuilt.parameters(), module.parameters()):
+    for new, old in zip([*rebuilt.parameters(), *rebuilt.buffers()], [*module.parameters(), *module.buffers()]):
         new.data.copy_(old.data.reshape(new.shape))
     x = torch.randn(2, *SHAPE)
     outs = [m(x) for m in (module, rebuilt)]

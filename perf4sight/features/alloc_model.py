@@ -208,8 +208,9 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
             raise NotCovered(f"op '{n.op}'")
         if n.attrs.get(_TRACED_CONSTANT_MODES.get(n.op, ""), True) is False:
             raise NotCovered(f"{n.op} of {_TRACED_CONSTANT_MODES[n.op]} false")
-        if n.attrs.get("weight_norm"):  # g and v, the weight computed and kept, its backward: left to the trace
-            raise NotCovered(f"a {n.op} of weight_norm")
+        for form in ("weight_norm", "spectral_norm"):  # the weight computed and kept, its backward: to the trace
+            if n.attrs.get(form):
+                raise NotCovered(f"a {n.op} of {form}")
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []

@@ -165,9 +165,10 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     from perf4sight.ir.to_torch import build_module
 
     model = build_module(desc, device="meta")
-    # torch.nn.utils.weight_norm's hook frees the weight it made a step before at the next forward: a step derived
-    # from the first (which freed none: the one made at registration stays on the host) would keep every one
-    fast = fast and not any(n.attrs.get("weight_norm") == "hook" for n in desc.nodes)
+    # torch.nn.utils.weight_norm's (and spectral_norm's) hook frees the weight it made a step before at the next
+    # forward: a step derived from the first (which freed none: the one made at registration is on the host, or
+    # the parameter's) would keep every one
+    fast = fast and not any("hook" in (n.attrs.get("weight_norm"), n.attrs.get("spectral_norm")) for n in desc.nodes)
     _fused_dropout(model)
     _fused_attention(model)
     _fused_mish(model)

@@ -118,6 +118,18 @@ def _weight_normed(cost: OpCost, weights: int, cout: int) -> OpCost:
                    batch_saved=cost.batch_saved + kept)
 
 
+def _spectral_normed(cost: OpCost, weights: int, cout: int, iterations: int) -> OpCost:
+    """``cost`` of a conv2d or linear whose weight is divided by its largest singular value (its attr
+    ``spectral_norm``, either form; torch 2.14's kernels, a dispatch log): forward, each power iteration's two
+    matrix-vector products, norms, clamps and divisions (8), then u and v cloned, W v, u . W v and the division of the
+    weight (5); back 9 (the weight's gradient through the division and through sigma = u . W v: u v^T). Kept once a
+    step: the weight divided (which the layer reads), u (``cout`` floats: W v is not kept, u needing no gradient),
+    v (the weight's row) and sigma."""
+    kept = tuple(float(b * BYTES_PER_ELEMENT) for b in (weights, cout, weights // cout, 1))
+    return replace(cost, kernels_fwd=cost.kernels_fwd + 8 * iterations + 5, kernels_bwd=cost.kernels_bwd + 9,
+                   batch_saved=cost.batch_saved + kept)
+
+
 def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     a = node.attrs
     kh, kw = a["kernel_size"]
@@ -147,6 +159,8 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kind=kind)
     if a.get("weight_norm"):
         return _weight_normed(cost, weights, cout)
+    if a.get("spectral_norm"):
+        return _spectral_normed(cost, weights, cout, int(a.get("spectral_norm_iterations", 1)))
     return _standardized(cost, a["standardize"], weights, cout) if a.get("standardize") else cost
 
 
@@ -188,6 +202,8 @@ def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   bytes_read=rd + (fin * fout + bias) * BYTES_PER_ELEMENT, bytes_written=wr,
                   params=fin * fout + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
                   kernels_fwd=1, kernels_bwd=(1 if first else 2) + (1 if bias else 0), kind="linear")
+    if a.get("spectral_norm"):
+        return _spectral_normed(cost, fin * fout, fout, int(a.get("spectral_norm_iterations", 1)))
     return _weight_normed(cost, fin * fout, fout) if a.get("weight_norm") else cost
 
 

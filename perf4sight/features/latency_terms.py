@@ -138,10 +138,20 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
 
 def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
     """A conv2d's or linear's ``weight_norm``, once a step: its kernel forward (v read, the weight written) and back
-    (the weight's gradient and v read, v's gradient written), bandwidth rows over the weight."""
+    (the weight's gradient and v read, v's gradient written), bandwidth rows over the weight; its ``spectral_norm``'s
+    kernels likewise (formulas._spectral_normed)."""
     if a.get("weight_norm"):
         r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes)
         r.other(BANDWIDTH, 0.0, 0.0, 3 * w_bytes, True)
+    if a.get("spectral_norm"):  # the matrix-vector products and the division read the weight; the rest is small
+        iterations = int(a.get("spectral_norm_iterations", 1))
+        for _ in range(2 * iterations + 1):
+            r.other(BANDWIDTH, 0.0, 0.0, w_bytes)
+        r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes)
+        for _ in range(6 * iterations + 3):
+            r.other(BANDWIDTH, 0.0, 0.0, 0.0)
+        for back in range(9):  # 8 of the 9 over the weight (one over u)
+            r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes if back else 0.0, True)
 
 
 def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:

@@ -458,7 +458,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
         weights = a["out_channels"] * (a["in_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
         fixed = {"fixed": True} if args.get("fixed") else {}  # ours: its filter a buffer (a blur pool's)
-        fixed.update((k, args[k]) for k in ("standardize", "standardize_eps", "standardize_unbiased", "weight_norm")
+        fixed.update((k, args[k]) for k in ("standardize", "standardize_eps", "standardize_unbiased", "weight_norm",
+                                            "spectral_norm", "spectral_norm_iterations", "spectral_norm_eps")
                      if k in args)
         return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes)), **fixed}
     if op == "conv_transpose2d":
@@ -467,7 +468,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         a = {"in_features": num("in_features", default=in_shapes[0][-1]),
              "out_features": num("out_features", default=out[-1])}
         weights = a["in_features"] * a["out_features"]
-        normed = {"weight_norm": args["weight_norm"]} if "weight_norm" in args else {}  # ours
+        normed = {k: args[k] for k in ("weight_norm", "spectral_norm", "spectral_norm_iterations", "spectral_norm_eps")
+                  if k in args}  # ours
         return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_features"], weight_bytes)), **normed}
     if op == "batchnorm2d":  # ONNX's BatchNormalization: epsilon (1e-5); our own args' flags (ONNX has none) and a
         # null momentum (torch's cumulative average; ONNX's number is 1 - torch's, so a number is not read)

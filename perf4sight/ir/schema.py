@@ -360,7 +360,8 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "linspace": (("start", None, None), ("end", None, None)),
-    "conv2d": (("standardize_eps", 0, None),),
+    "conv2d": (("standardize_eps", 0, None), ("spectral_norm_eps", 0, None)),
+    "linear": (("spectral_norm_eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
     "instancenorm": (("eps", 0, None), ("momentum", 0, 1)),
     "frozen_batchnorm2d": (("eps", 0, None),),
@@ -385,7 +386,9 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
-                                         "conv2d": ("standardize", "weight_norm"), "linear": ("weight_norm",),
+                                         "conv2d": ("standardize", "weight_norm", "spectral_norm",
+                                                    "spectral_norm_iterations"),
+                                         "linear": ("weight_norm", "spectral_norm", "spectral_norm_iterations"),
                                          "window_attention": ("position_bias_mlp",),
                                          "interpolate": ("scale_factor", "size_of"),
                                          "pad": ("pad_to",),
@@ -512,6 +515,9 @@ def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...]]]:
 STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows")
 
 
+#: (A conv2d's or a linear's ``spectral_norm``, likewise: torch's spectral_norm as its parametrization or its older
+#: hook, the weight over its largest singular value, ``spectral_norm_iterations`` power iterations a training forward
+#: updating the buffers u [out] and v [in * kh * kw], ``spectral_norm_eps`` 1e-12.)
 #: A conv2d's or a linear's ``weight_norm``: its weight w = g * v / ||v||, the norm over each output channel (dim 0),
 #: from the parameters g ([out], one a channel) and v (the weight's shape), both trained, computed at every forward
 #: by torch's weight_norm (one kernel, ``_weight_norm_interface``, and one back): as the parametrization
@@ -531,6 +537,23 @@ def _weight_norm_problem(attrs: Dict[str, Any]) -> str:
         return "a fixed conv2d (its filter a buffer) has no weight to normalise (weight_norm)"
     if attrs.get("standardize"):
         return "attrs 'weight_norm' and 'standardize' exclude each other (one weight computed one way)"
+    return ""
+
+
+def _spectral_norm_problem(attrs: Dict[str, Any]) -> str:
+    """What is wrong with a conv2d's or a linear's ``spectral_norm`` attrs ("" if nothing)."""
+    form = attrs.get("spectral_norm")
+    if form is None:
+        extra = [a for a in ("spectral_norm_iterations", "spectral_norm_eps") if a in attrs]
+        return f"attr '{extra[0]}' is for a layer of 'spectral_norm'" if extra else ""
+    if form not in WEIGHT_NORMS:
+        return f"attr 'spectral_norm' must be one of {', '.join(WEIGHT_NORMS)}, got {form!r}"
+    iterations = attrs.get("spectral_norm_iterations", 1)
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        return f"attr 'spectral_norm_iterations' must be an integer >= 1, got {iterations!r}"
+    others = [a for a in ("fixed", "standardize", "weight_norm") if attrs.get(a)]
+    if others:
+        return f"attrs 'spectral_norm' and '{others[0]}' exclude each other (one weight computed one way)"
     return ""
 
 
@@ -667,7 +690,7 @@ def _attr_problem(node: "Node") -> str:
         if problem:
             return problem
     if node.op in ("conv2d", "linear"):
-        problem = _weight_norm_problem(node.attrs)
+        problem = _weight_norm_problem(node.attrs) or _spectral_norm_problem(node.attrs)
         if problem:
             return problem
     if node.op == "conv_transpose2d":

@@ -431,6 +431,24 @@ def _weight_normed(module: nn.Module, form: Optional[str]) -> nn.Module:
         return nn.utils.weight_norm(module, "weight", dim=0)
 
 
+def _normed(module: nn.Module, a: Dict[str, Any]) -> nn.Module:
+    """``module`` with its weight computed as a conv2d's or a linear's attrs say: ``weight_norm``
+    (:func:`_weight_normed`), or ``spectral_norm`` by torch's own function, dim 0: its parametrization (torch 1.10
+    on: the parameter ``parametrizations.weight.original``, the buffers ``parametrizations.weight.0._u`` and ``_v``)
+    or its older hook (``weight_orig``, ``weight_u``, ``weight_v``; the weight it last computed held by the layer),
+    ``spectral_norm_iterations`` power iterations a training forward, ``spectral_norm_eps``."""
+    form = a.get("spectral_norm")
+    if form is None:
+        return _weight_normed(module, a.get("weight_norm"))
+    iterations, eps = int(a.get("spectral_norm_iterations", 1)), float(a.get("spectral_norm_eps", 1e-12))
+    made = getattr(getattr(nn.utils, "parametrizations", None), "spectral_norm", None)
+    if form == "parametrization" and made is not None:
+        return made(module, "weight", iterations, eps, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return nn.utils.spectral_norm(module, "weight", iterations, eps, 0)
+
+
 def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
     """The ``nn.Conv2d`` of a conv2d's attrs (a :class:`FixedConv2d` where ``fixed``; its weight normalised where
     ``weight_norm``), on ``factory``'s device."""
@@ -442,9 +460,8 @@ def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
                                   a["dilation"], a["groups"], bool(a["bias"]), a["standardize"],
                                   float(a.get("standardize_eps", 1e-5)), bool(a.get("standardize_unbiased", True)),
                                   **factory)
-    return _weight_normed(nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
-                                    _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory),
-                          a.get("weight_norm"))
+    return _normed(nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
+                             _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory), a)
 
 
 def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
@@ -458,8 +475,7 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "conv2d": lambda a, **f: _conv2d(a, f),
     "batchnorm2d": lambda a, **f: _batch_norm(nn.BatchNorm2d, a, f),
     "frozen_batchnorm2d": lambda a, **f: _frozen_batch_norm(a, f),
-    "linear": lambda a, **f: _weight_normed(nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),
-                                            a.get("weight_norm")),
+    "linear": lambda a, **f: _normed(nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f), a),
     "relu": lambda a, **f: nn.ReLU(inplace=bool(a.get("inplace", False))),
     "relu6": lambda a, **f: nn.ReLU6(inplace=bool(a.get("inplace", False))),
     "hardswish": lambda a, **f: nn.Hardswish(inplace=bool(a.get("inplace", False))),

@@ -24,7 +24,7 @@ from perf4sight.ir.fx_values import _target_name
 from perf4sight.ir.standardised import STANDARDIZE_ATTRS, standardised_weights
 from perf4sight.ir.torch_trace import _trace, in_mode
 from perf4sight.ir.torch_calls import _RESHAPES, _op_of
-from perf4sight.ir.torch_modules import weight_norm_form
+from perf4sight.ir.torch_modules import spectral_norm_form, weight_norm_form
 
 
 def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
@@ -294,12 +294,14 @@ _TORCH_PARAMETRIZATIONS = {
     parametrizations._WeightNorm: "weight_norm (torch.nn.utils.parametrizations.weight_norm; of dim 0 alone, on an "
                                   "nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes)",
     parametrizations._SpectralNorm: "spectral_norm (torch.nn.utils.parametrizations.spectral_norm, a power iteration "
-                                    "at every training step)",
+                                    "at every training step; of dim 0 alone, on an nn.Conv2d, nn.Conv1d or nn.Linear "
+                                    "called as the layer, it describes)",
     parametrizations._Orthogonal: "orthogonal (torch.nn.utils.parametrizations.orthogonal)"}
 _REPARAMETRISING_HOOKS = {WeightNorm: "torch.nn.utils.weight_norm's hook (from {0}_g and {0}_v; of dim 0 alone, on an "
                                       "nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes)",
                           SpectralNorm: "torch.nn.utils.spectral_norm's hook (from {0}_orig, a power iteration at "
-                                        "every training step)",
+                                        "every training step; of dim 0 alone, on an nn.Conv2d, nn.Conv1d or "
+                                        "nn.Linear called as the layer, it describes)",
                           prune.BasePruningMethod: "torch.nn.utils.prune's hook ({0}_orig times the mask {0}_mask; "
                                                    "prune.remove(layer, '{0}') makes it the plain layer)"}
 
@@ -321,7 +323,7 @@ def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str
             m = root.get_submodule(owner)
         except AttributeError:  # a tensor of the trace's own (a constant it made)
             continue
-        if owner in called - read and weight_norm_form(m):  # an nn.Conv2d's or nn.Linear's weight_norm, dim 0
+        if owner in called - read and (weight_norm_form(m) or spectral_norm_form(m)):  # a layer's attr (dim 0)
             continue
         tensors = list(m.parametrizations.items()) if parametrize.is_parametrized(m) else []
         if isinstance(m, parametrize.ParametrizationList):  # self.conv.weight read by a traced-through forward

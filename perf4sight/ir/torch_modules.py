@@ -51,9 +51,39 @@ def weight_norm_form(m: nn.Module) -> str | None:
     return "hook" if normed else None
 
 
+def spectral_norm_form(m: nn.Module) -> dict | None:
+    """The attrs of an ``nn.Conv2d``, ``nn.Conv1d`` or ``nn.Linear`` whose weight, and nothing else, torch's
+    spectral_norm divides by its largest singular value (over dim 0, the default: the weight viewed [out, -1]), one
+    power iteration (or ``n_power_iterations``) a training forward: ``spectral_norm`` ``"parametrization"``
+    (``torch.nn.utils.parametrizations.spectral_norm``, alone) or ``"hook"`` (``torch.nn.utils.spectral_norm``'s
+    forward pre-hook, its one reparametrising hook), with ``spectral_norm_iterations`` and ``spectral_norm_eps``
+    where not torch's defaults (1, 1e-12); None otherwise."""
+    if not isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)):
+        return None
+    hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, (WeightNorm, SpectralNorm,
+                                                                        prune.BasePruningMethod))]
+    if parametrize.is_parametrized(m):
+        chains = dict(m.parametrizations.items())
+        chain = list(chains.get("weight", []))
+        if len(chain) != 1 or not isinstance(chain[0], parametrizations._SpectralNorm) or chain[0].dim != 0 or \
+                list(chains) != ["weight"] or hooks:
+            return None
+        form, how = "parametrization", chain[0]
+    elif len(hooks) == 1 and isinstance(hooks[0], SpectralNorm) and hooks[0].name == "weight" and hooks[0].dim == 0:
+        form, how = "hook", hooks[0]
+    else:
+        return None
+    attrs: dict = {"spectral_norm": form}
+    if how.n_power_iterations != 1:
+        attrs["spectral_norm_iterations"] = int(how.n_power_iterations)
+    if how.eps != 1e-12:
+        attrs["spectral_norm_eps"] = float(how.eps)
+    return attrs
+
+
 def _weight_norm_attr(m: nn.Module) -> dict:
     form = weight_norm_form(m)
-    return {"weight_norm": form} if form else {}
+    return {"weight_norm": form} if form else spectral_norm_form(m) or {}
 
 
 def _conv(m: nn.Conv2d) -> tuple[str, dict]:

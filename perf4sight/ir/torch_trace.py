@@ -87,8 +87,10 @@ def run_on_meta(module: nn.Module, example: torch.Tensor) -> None:
 
 def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` whose parameters and buffers are empty tensors on the meta device (the weights
-    are not copied; ``gm`` is left as it is). The weight torch.nn.utils.weight_norm's hook last computed on a layer
-    (a tensor autograd made, which torch will not deep-copy) is an empty one too: the hook computes it again."""
+    are not copied; ``gm`` is left as it is). The weight torch.nn.utils.weight_norm's (or spectral_norm's) hook last
+    computed on a layer (a tensor autograd made, which torch will not deep-copy) is an empty one too: the hook
+    computes it again."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
     memo: dict[int, Any] = {}
@@ -97,7 +99,7 @@ def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:
         memo[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
     for m in gm.modules():
         for hook in m._forward_pre_hooks.values():
-            w = getattr(m, hook.name, None) if isinstance(hook, WeightNorm) else None
+            w = getattr(m, hook.name, None) if isinstance(hook, (WeightNorm, SpectralNorm)) else None
             if isinstance(w, torch.Tensor):
                 memo[id(w)] = torch.empty_like(w, device="meta")
     return copy.deepcopy(gm, memo)

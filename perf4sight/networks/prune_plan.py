@@ -590,15 +590,16 @@ def removal(groups: list[CoupledGroup], counts: list[int]) -> dict[tuple[str, Ha
 
 
 def module_copy(module: nn.Module) -> nn.Module:
-    """``copy.deepcopy(module)``, the weight that torch.nn.utils.weight_norm's hook last computed on a layer (a
-    tensor autograd made, which torch will not deep-copy: "Only Tensors created explicitly by the user ...") copied
-    detached: the hook computes it again at the layer's next forward."""
+    """``copy.deepcopy(module)``, the weight that torch.nn.utils.weight_norm's (or spectral_norm's) hook last
+    computed on a layer (a tensor autograd made, which torch will not deep-copy: "Only Tensors created explicitly by
+    the user ...") copied detached: the hook computes it again at the layer's next forward."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
     memo: dict[int, Any] = {}
     for m in module.modules():
         for hook in m._forward_pre_hooks.values():
-            w = getattr(m, hook.name, None) if isinstance(hook, WeightNorm) else None
+            w = getattr(m, hook.name, None) if isinstance(hook, (WeightNorm, SpectralNorm)) else None
             if isinstance(w, torch.Tensor) and not w.is_leaf:
                 memo[id(w)] = w.detach().clone()
     return copy.deepcopy(module, memo)
