@@ -700,7 +700,7 @@ def test_names_and_folders_with_brackets_are_printed_as_they_are(capsys):
     pred = {"network": "n", "batch_size": 8, "latency_ms": 10.0, "latency_ms_low": 9.0, "latency_ms_high": 11.0,
             "memory_mb": 100.0, "memory_mb_low": 90.0, "memory_mb_high": 110.0, "fits": True}
     stages._print_predictions([pred], "predicted training step on tx2[b] by the trees predictor")
-    dev = SimpleNamespace(name="tx2[b]", metadata={}, rows=[], families=[], max_batch={},
+    dev = SimpleNamespace(name="tx2[b]", metadata={}, rows=[], families=[], networks=[], max_batch={},
                           fingerprint=SimpleNamespace(capacity_mb=None))
     _print_summary(stages.console, [dev], [], Path("/d/p [v2]/reports/x[/y]"))
     out = capsys.readouterr().out
