@@ -53,7 +53,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import forward_error, has_lazy_parameters
 from perf4sight.ir.torch_trace import _meta_twin
 from perf4sight.ir.fx_values import einsum_operands
-from perf4sight.ir.torch_modules import weight_norm_form
+from perf4sight.ir.torch_modules import spectral_norm_form, weight_norm_form
 from perf4sight.networks import prune_plan as pp
 
 __all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "UnreachableLevel", "prune_model", "check_level",
@@ -63,6 +63,8 @@ STRATEGIES: tuple[str, ...] = PRUNING_STRATEGIES
 #: The achieved level should lie within this many percentage points of the target; more than
 #: twice this is a ``UserError``.
 TOLERANCE = 1.0
+#: what torch-pruning leaves uncut of a layer of weight_norm or spectral_norm, as a level's refusal says it
+_NORMED_CUTS = {"weight_norm": "weight_norm's g and v", "spectral_norm": "spectral_norm's weight and vectors u and v"}
 
 
 class Unprunable(UserError):
@@ -455,8 +457,10 @@ class PruningPlan:
         self._order_groups(groups, traced, strategy, seed, network)
         pp.set_limits(groups, traced, min_channels)
         self._meta = pp.to_meta_keeping_ties(traced)
-        #: layers of a weight_norm (g and v where the weight was): torch-pruning cuts none of their channels
-        self.weight_normed = [n for n, m in traced.named_modules() if weight_norm_form(m)]
+        #: layers of a weight_norm (g and v where the weight was) or of a spectral_norm (the weight's original and
+        #: its vectors u and v), by name, and which: torch-pruning cuts none of their channels
+        self.weight_normed = [(n, "weight_norm" if weight_norm_form(m) else "spectral_norm")
+                              for n, m in traced.named_modules() if weight_norm_form(m) or spectral_norm_form(m)]
         uncalled = any(id(m) not in called and any(True for _ in m.parameters(recurse=False))
                        for m in traced.modules())  # weights of a layer never called: perhaps read directly
         self.unused = _unreached_parameters(self._meta, example.to("meta")) if uncalled else 0
@@ -541,9 +545,10 @@ class PruningPlan:
             if len(candidates) == 1:  # beyond the last step
                 reason, fix = f"it reaches {achieved:.1f}% at most", "lower the level or min_channels"
                 if self.weight_normed:
-                    reason += (f"; the channels of its weight_norm layers ('{self.weight_normed[0]}'"
+                    kinds = sorted({kind for _, kind in self.weight_normed}, reverse=True)
+                    reason += (f"; the channels of its {' and '.join(kinds)} layers ('{self.weight_normed[0][0]}'"
                                f"{', ...' if len(self.weight_normed) > 1 else ''}) are kept whole: torch-pruning "
-                               "cuts no weight_norm's g and v")
+                               f"cuts no {' nor '.join(_NORMED_CUTS[k] for k in kinds)}")
             else:
                 below, above = (self._level(c) for c in candidates)
                 reason = f"its pruning steps go from {below:.1f}% to {above:.1f}% there"
