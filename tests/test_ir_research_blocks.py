@@ -453,17 +453,26 @@ _PARAMETRIZED = {
     "weight_norm over dim 1": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, dim=1)),
                                r"probe: layer 'block' \(Conv2d\) has its weight parametrized by weight_norm "
                                r"\(torch.nn.utils.parametrizations.weight_norm; of dim 0 alone, on an nn.Conv2d, "
-                               r"nn.Conv1d or nn.Linear called as the layer, it describes\): computed from its parameters "
-                               + _HOOK_SAID),
+                               r"nn.Conv1d or nn.Linear called as the layer, it describes\): computed from its "
+                               r"parameters " + _HOOK_SAID),
     "weight_norm of the whole weight": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, dim=None),
                                                               nn.Linear(8, 8)),
                                         r"probe: layer 'block' \(Linear\) has its weight parametrized by weight_norm"),
     "weight_norm of the bias": (lambda: _parametrized(lambda c: parametrizations.weight_norm(c, "bias")),
                                 r"probe: layer 'block' \(Conv2d\) has its bias parametrized by weight_norm"),
+    # the weight's weight_norm (dim 0) describes alone: the refusal names the bias's, what stops it (it named the
+    # weight's, the form it says describes)
+    "weight_norm of the weight and of the bias": (
+        lambda: _parametrized(lambda c: parametrizations.weight_norm(parametrizations.weight_norm(c), "bias")),
+        r"probe: layer 'block' \(Conv2d\) has its bias parametrized by weight_norm"),
+    "old weight_norm of the weight and of the bias": (
+        lambda: _parametrized(lambda c: torch.nn.utils.weight_norm(torch.nn.utils.weight_norm(c), "bias")),
+        r"probe: layer 'block' \(Conv2d\) has its bias computed by torch.nn.utils.weight_norm's hook \(from bias_g"),
     "old weight_norm over dim 1": (lambda: _parametrized(lambda c: torch.nn.utils.weight_norm(c, dim=1)),
                                    r"probe: layer 'block' \(Conv2d\) has its weight computed by "
                                    r"torch.nn.utils.weight_norm's hook \(from weight_g and weight_v; of dim 0 alone, "
-                                   r"on an nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes\) " + _HOOK_SAID),
+                                   r"on an nn.Conv2d, nn.Conv1d or nn.Linear called as the layer, it describes\) "
+                                   + _HOOK_SAID),
     "old weight_norm, traced through": (lambda: _parametrized(torch.nn.utils.weight_norm, _HandWrittenConv()),
                                         r"probe: layer 'block' \(_HandWrittenConv\) has its weight computed by "
                                         r"torch.nn.utils.weight_norm's hook"),

@@ -331,19 +331,29 @@ def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str
             owner = head[:-len("parametrizations")].rstrip(".")
             m, tensors = root.get_submodule(owner), [(tensor, m)]
         layer = f"layer '{owner}' ({_class_name(m)})" if owner else f"the model ({_class_name(m)})"
+        # a weight_norm or spectral_norm of the weight over dim 0, which describes alone, named after the rest (a
+        # bias's): the refusal names what stops the layer describing
+        tensors.sort(key=lambda tc: _describes_alone(tc[0], list(tc[1])))
         for tensor, chain in tensors:
             forms = [_parametrization_form(p) for p in chain if not _is_identity(p)]
             if forms:
                 raise UserError(f"{where}: {layer} has its {tensor} parametrized by {' then '.join(forms)}: computed "
                                 "from its parameters at every forward, with a backward and tensors kept of its own, "
                                 "which the description has no op for (it would count the plain layer alone)")
-        for hook in m._forward_pre_hooks.values():
+        for hook in sorted(m._forward_pre_hooks.values(), key=lambda h: _describes_alone(getattr(h, "name", ""), [h])):
             form = next((f for cls, f in _REPARAMETRISING_HOOKS.items() if isinstance(hook, cls)), None)
             if form is not None:
                 tensor = getattr(hook, "name", None) or hook._tensor_name  # (torch.nn.utils.prune's name for it)
                 raise UserError(f"{where}: {layer} has its {tensor} computed by {form.format(tensor)} at every "
                                 "forward, with a backward and tensors kept of its own, which the description has no "
                                 "op for (it would count the plain layer alone)")
+
+
+def _describes_alone(tensor: str, how: list) -> bool:
+    """Whether ``how`` (a tensor's parametrizations, or its one reparametrising hook) is a weight_norm or
+    spectral_norm of the weight over dim 0, which a layer's attr describes where it is the layer's only one."""
+    return tensor == "weight" and len(how) == 1 and isinstance(how[0], (
+        parametrizations._WeightNorm, parametrizations._SpectralNorm, WeightNorm, SpectralNorm)) and how[0].dim == 0
 
 
 def _class_name(m: nn.Module) -> str:
