@@ -1250,6 +1250,33 @@ def test_pruning_keeps_a_weight_normed_layers_channels_and_says_so():
         prune_source(source, SHAPE, [30], "l1-norm", 2, seed=0)
 
 
+def _normed_in_between(how) -> nn.Sequential:
+    """Plain convolutions around a ``how`` one, a ``how`` linear between the pooled map and a plain classifier."""
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                         how(nn.Conv2d(16, 24, 3, padding=1)), nn.ReLU(), nn.Conv2d(24, 32, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), how(nn.Linear(32, 20)), nn.ReLU(), nn.Linear(20, 10))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+@pytest.mark.parametrize("how", [torch.nn.utils.weight_norm, torch.nn.utils.spectral_norm])
+def test_pruning_keeps_a_hook_normed_linears_channels(how):
+    """torch-pruning cut a linear of weight_norm's or spectral_norm's hook (the weight the hook last computed, a plain
+    tensor on the layer, made a parameter of the cut shape, and the bias; not g and v, nor the original, u and v): the
+    networks stage then failed at every level above 0 (the hook could not assign the weight). Its groups are left
+    whole now, as the parametrization's are: the plain layers prune and the network trains."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    (desc,) = prune_source(Source("net", "test", lambda: _normed_in_between(how)), SHAPE, [8], "l1-norm", 2, seed=0)
+    assert [(n.op, n.attrs.get("in_channels", n.attrs.get("in_features")),
+             n.attrs.get("out_channels", n.attrs.get("out_features"))) for n in desc.nodes
+            if n.op in ("conv2d", "linear")] == [("conv2d", 3, 9), ("conv2d", 9, 16), ("conv2d", 16, 24),
+                                                 ("conv2d", 24, 32), ("linear", 32, 20), ("linear", 20, 10)]
+    assert desc.extra["pruning_unpruned_groups"]["a weight_norm or spectral_norm layer's channels"] >= 1
+    _train_step(desc)
+
+
 @pytest.mark.parametrize("how", [parametrizations.spectral_norm, torch.nn.utils.spectral_norm])
 def test_pruning_keeps_a_spectral_normed_layers_channels_and_says_so(how):
     """As weight_norm's: torch-pruning cuts no channel of a spectral_norm layer (either form), and a level beyond what

@@ -439,6 +439,10 @@ class PruningPlan:
                 return "channels a slice, split or unbind takes apart (at bounds of the model's own)"
             if any(_halves_channels(d.target) for d, _ in group):
                 return "channels a GLU halves (a channel and its gate, half the channels apart)"
+            if any(weight_norm_form(d.target.module) or spectral_norm_form(d.target.module) for d, _ in group):
+                # torch-pruning cuts the weight the hook form last computed (a plain tensor on the layer, made a
+                # parameter of the cut shape) and the bias, not g and v (or the original, u and v): the layer fails
+                return "a weight_norm or spectral_norm layer's channels"
             return ""
         groups, notes = None, None
         if twin is not None:  # the twin's layers bear the names of traced's, which are all the groups hold
