@@ -139,3 +139,48 @@ def test_a_description_file_s_network_is_cut_from_its_unpruned_description(monke
     monkeypatch.setattr(described_cuts, "described_cut", lambda *args: None)
     slow = [d.to_json() for d in prune_source(src, shape, levels, "l1-norm", 1, 0, skipped=skipped, plan=plan)]
     assert fast == slow and len(fast) == 2 and not skipped
+
+
+def test_a_description_file_s_frozen_layers_stay_frozen_in_its_rebuilt_module_and_pruned_levels(tmp_path):
+    """A description of a network whose first convolution is frozen names it (``frozen_layers``); the module to_torch
+    rebuilds of the file freezes it too, so its pruned level is the original module's (level and parameters: a
+    frozen layer is not cut), ``frozen_params`` and ``frozen_layers`` kept, and the profile child's optimiser step
+    leaves its weights as they were. A name that is no layer of parameters is refused in one line."""
+    from types import SimpleNamespace
+
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import NetworkDescription, load_description
+    from perf4sight.ir.to_torch import build_module
+    from perf4sight.profiling.child import make_optimizer
+
+    torch.manual_seed(0)
+    net = _frozen()
+    net[1].requires_grad_(True)
+    net[0].requires_grad_(False)
+    desc = describe(net, SHAPE, "fr")
+    assert desc.extra == {"frozen_params": 448, "frozen_layers": ["_0"]}
+    path = tmp_path / "fr.json"
+    path.write_text(desc.to_json())
+    loaded = load_description(path)
+    rebuilt = build_module(loaded)
+    assert sorted(n for n, p in rebuilt.named_parameters() if not p.requires_grad) == ["_0.bias", "_0.weight"]
+    levels = [30]
+    mine = prune_source(Source("fr", "description", lambda: build_module(loaded)), SHAPE, levels, "l1-norm", 2,
+                        0)
+    theirs = prune_source(Source("fr", "description", lambda: net), SHAPE, levels, "l1-norm", 2, 0)
+    assert [(d.pruning_level, d.params) for d in mine] == [(d.pruning_level, d.params) for d in theirs]
+    assert mine[0].pruning_level > 25 and mine[0].node("_0").attrs["out_channels"] == 16 \
+        and mine[0].node("_3").attrs["out_channels"] < 32
+    assert all(d.extra["frozen_params"] == 448 and d.extra["frozen_layers"] == ["_0"] for d in mine)
+    before = {n: p.detach().clone() for n, p in rebuilt.named_parameters()}
+    opt = make_optimizer(SimpleNamespace(optimizer="sgd", learning_rate=0.1, momentum=0.9, weight_decay=1e-4),
+                         rebuilt.parameters())
+    opt.zero_grad(set_to_none=True)
+    rebuilt(torch.randn(2, *SHAPE)).sum().backward()
+    opt.step()
+    changed = {n for n, p in rebuilt.named_parameters() if not torch.equal(p, before[n])}
+    assert "_0.weight" not in changed and "_3.weight" in changed
+    bad = {**desc.to_dict(), "frozen_layers": ["_2"]}  # a ReLU's
+    with pytest.raises(UserError, match=r"^x: frozen_layers names '_2', which is not a node with parameters$"):
+        NetworkDescription.from_dict(bad, "x")

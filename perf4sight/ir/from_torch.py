@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import ON_COPY_OPS, SHARES, NetworkDescription, Node, count_params
+from perf4sight.ir.schema import FROZEN_LAYERS, ON_COPY_OPS, SHARES, NetworkDescription, Node, count_params, node_params
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
@@ -366,7 +366,22 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
     frozen = sum(p.numel() for p in module.parameters() if not p.requires_grad)
     if frozen:  # a description trains every layer it has: a step that freezes some is predicted as one that does not
         desc.extra["frozen_params"] = frozen
+        layers = _frozen_layers(module, gm, desc)
+        if layers:  # which: to_torch freezes them again (a pruned level of a rebuilt description keeps them frozen)
+            desc.extra[FROZEN_LAYERS] = layers
     return desc
+
+
+def _frozen_layers(module: nn.Module, gm: fx.GraphModule, desc: NetworkDescription) -> list[str]:
+    """The nodes of ``desc`` that call a layer of ``module`` whose parameters are all frozen (``requires_grad``
+    False), in the description's order; a layer partly frozen, or a frozen weight read by a function, is not one."""
+    modules = dict(module.named_modules())
+    frozen = set()
+    for n in gm.graph.nodes:
+        params = list(modules[n.target].parameters()) if n.op == "call_module" and n.target in modules else []
+        if params and not any(p.requires_grad for p in params):
+            frozen.add(n.name)
+    return [n.name for n in desc.nodes if n.name in frozen and node_params(n)]
 
 
 def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:

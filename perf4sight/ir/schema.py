@@ -258,6 +258,9 @@ PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "inst
                  "weighted_sum")
 #: The attr naming the node whose parameters a node of :data:`PARAMETER_OPS` uses.
 SHARES = "shares"
+#: A description's optional key: the nodes whose layer's parameters are all frozen (``requires_grad`` False), which a
+#: rebuilt module freezes too; ``frozen_params`` counts every frozen parameter.
+FROZEN_LAYERS = "frozen_layers"
 #: Ops whose parameter is one learnt tensor of their attr ``shape``: a node of one may share (``shares``) the tensor
 #: of an earlier node of another of them of the same shape (a parameter a network multiplies by and adds,
 #: ``x * self.g + self.g``).
@@ -974,6 +977,14 @@ class NetworkDescription:
                    num_classes=int(d.get("num_classes", nodes[-1].output_shape[0] if nodes[-1].output_shape else 0)),
                    params=int(d.get("params", 0)), nodes=nodes, output=str(d["output"]),
                    pruning_level=d.get("pruning_level", 0), extra=extra)
+        frozen = extra.get(FROZEN_LAYERS)
+        if frozen is not None:
+            named = {n.name: n for n in nodes}
+            if not isinstance(frozen, list) or not all(isinstance(f, str) for f in frozen):
+                raise UserError(f"{where}: {FROZEN_LAYERS} must be a list of node names, got {frozen!r}")
+            bad = [f for f in frozen if f not in named or not node_params(named[f])]
+            if bad:
+                raise UserError(f"{where}: {FROZEN_LAYERS} names '{bad[0]}', which is not a node with parameters")
         counted = count_params(desc)
         if "params" in d and desc.params != counted:
             raise UserError(f"{where}: params {desc.params} is not the {counted} trainable parameters its nodes "

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS, NetworkDescription, Node,
-                                  split_group, unbind_group)
+from perf4sight.ir.schema import (FROZEN_LAYERS, ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS,
+                                  NetworkDescription, Node, split_group, unbind_group)
 from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -942,6 +942,8 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
             env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory, layers)
         env[node.name].meta[DESCRIBED_SHAPE] = list(node.output_shape)
     graph.output(env[desc.output])
+    for name in desc.extra.get(FROZEN_LAYERS, ()):  # frozen as described (the profile's step leaves them untrained)
+        getattr(root, layers[name]).requires_grad_(False)
     gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
     gm.train()
     return gm
