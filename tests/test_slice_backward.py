@@ -184,3 +184,58 @@ def test_an_unbind_s_pieces_counted_from_the_end_cost_as_counted_from_the_start(
     ended = NetworkDescription.from_dict(d)
     assert split_gathers(walk(ended)) == split_gathers(walk(desc)) == [(2 * 8 * 8 * 8, 0.0, 0)]
     assert network_features(ended).static == network_features(desc).static
+
+
+class _TakenApartTwice(nn.Module):
+    """A convolution's [8, 8, 8] map taken apart twice alike (``how``: "unbind", ``y.unbind(1)``, or "chunk",
+    ``y.chunk(2, 1)``), pieces of the two calls combined, then a linear layer of their mean over a dimension."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.c, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 if how == "unbind" else 4, 10)
+
+    def forward(self, x):
+        y = self.c(x)
+        if self.how == "unbind":
+            a, b = y.unbind(1), y.unbind(1)
+            return self.fc((a[0] * b[1] + a[2] * b[3]).mean(2))
+        a, b = y.chunk(2, 1), y.chunk(2, 1)
+        return self.fc((a[0] * b[1] + a[1] * b[0]).mean((2, 3)))
+
+
+@pytest.mark.parametrize("how, gather", [("unbind", "stack"), ("chunk", "cat")])
+def test_a_tensor_taken_apart_twice_alike_is_rebuilt_as_two_calls(how, gather):
+    """Two unbinds (or chunks) of one tensor were rebuilt as one call (their pieces' key was the input and dim), where
+    torch runs two, each backward its own stack (cat): the second call's pieces carry ``call`` (its number, 1), the
+    first's nothing (as before), and the rebuilt network runs torch's ops, two stacks; described again the same. The
+    features count the second gather, and the description without the attr reads as one call, as before. A ``call``
+    not a positive integer, or on a plain select, is refused in one line."""
+    from perf4sight.errors import UserError
+    from perf4sight.ir.schema import NetworkDescription
+    from perf4sight.ir.to_torch import build_module
+    from test_chunk_backward import _backward_ops
+
+    module = _TakenApartTwice(how)
+    desc = NetworkDescription.from_dict(describe(module, SHAPE, "twice").to_dict())
+    pieces = [n for n in desc.nodes if n.op in ("select", "narrow")]
+    calls = [n.attrs.get("call") for n in pieces]
+    assert len(pieces) == 4 and calls[0] is None and sorted(calls, key=str) == [1, 1, None, None]
+    ran = _backward_ops(build_module(desc))
+    assert ran == _backward_ops(module) and ran.count(gather) == 2
+    again = describe(build_module(desc, device="meta"), SHAPE, "again")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    d = desc.to_dict()
+    for n in d["nodes"]:
+        n["attrs"].pop("call", None)
+    merged = NetworkDescription.from_dict(d)
+    assert _backward_ops(build_module(merged)).count(gather) == 1
+    assert network_features(desc).static["kernels_bwd"] > network_features(merged).static["kernels_bwd"]
+    for value, words in [(0, "attr 'call' must be a positive integer, got 0"), ("b", "must be a positive integer")]:
+        d["nodes"][3]["attrs"]["call"] = value
+        with pytest.raises(UserError, match=f"^x: node '{pieces[1].name}' .*{words}"):
+            NetworkDescription.from_dict(d, "x")
+    d["nodes"][3]["attrs"] = {"dim": 1, "index": 0, "call": 1} if how == "unbind" else {"dim": 1, "start": 0,
+                                                                                       "length": 4, "call": 1}
+    with pytest.raises(UserError, match="attr 'call' is for a piece of a split"):
+        NetworkDescription.from_dict(d, "x")

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import FROZEN_LAYERS, ON_COPY_OPS, SHARES, NetworkDescription, Node, count_params, node_params
+from perf4sight.ir.schema import (FROZEN_LAYERS, ON_COPY_OPS, PIECE_CALL, SHARES, NetworkDescription, Node,
+                                  count_params, node_params, split_group, unbind_group)
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
@@ -435,7 +436,24 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     if missing:
         raise UserError(f"{where}: {_missing_ops(list(missing.values()))}")
     _mark_shared_calls(gm, nodes, held, where)
+    _name_repeated_calls(nodes)
     return nodes, output
+
+
+def _name_repeated_calls(nodes: list[Node]) -> None:
+    """Number the calls of a split or unbind that take one tensor apart alike (``a = y.unbind(1); b = y.unbind(1)``:
+    torch runs two, each backward its own stack) in the order of their first pieces: a piece's ``call``
+    (schema.PIECE_CALL), made the fx call's name, becomes its call's number, 1 for the second call of its key and
+    on; a piece of the first goes without, as before the attr was."""
+    calls: dict[tuple, list[str]] = {}
+    for node in (n for n in nodes if PIECE_CALL in n.attrs):
+        name = node.attrs[PIECE_CALL]
+        node.attrs = {k: v for k, v in node.attrs.items() if k != PIECE_CALL}
+        seen = calls.setdefault((node.op, *(split_group(node) or unbind_group(node) or ())), [])
+        if name not in seen:
+            seen.append(name)
+        if seen.index(name):
+            node.attrs = {**node.attrs, PIECE_CALL: seen.index(name)}
 
 
 def _fused_node(n: fx.Node, fusion: Fusion, fusions: list[Fusion], alias: dict[str, str], where: str) -> list[Node]:

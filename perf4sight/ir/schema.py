@@ -21,7 +21,7 @@ __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_descri
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
            "WEIGHTED_SUM_NORMALIZATIONS", "where_condition_inputs",
            "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS",
-           "ONE_TENSOR_OPS", "split_group", "unbind_group"]
+           "ONE_TENSOR_OPS", "split_group", "unbind_group", "PIECE_CALL"]
 
 SCHEMA_VERSION = 1
 
@@ -399,8 +399,10 @@ _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": 
                                          "fold": ("output_size_of",),
                                          "where": ("mask_shape",),
                                          # a piece of a torch.chunk or torch.split: every piece's length along dim
-                                         # (this one's among them, at its start), rebuilt as one split call
-                                         "narrow": ("split_sizes",)}
+                                         # (this one's among them, at its start), rebuilt as one split call; of
+                                         # which call, where one tensor is split alike more than once: PIECE_CALL
+                                         "narrow": ("split_sizes", "call"),
+                                         "select": ("call",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -503,12 +505,20 @@ def _split_sizes_problem(attrs: Dict[str, Any]) -> str:
     return ""
 
 
-def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...]]]:
+#: The optional attr of a piece of a torch.split or torch.unbind (a narrow of ``split_sizes``, a select of ``unbind``)
+#: numbering its call, where the tensor is taken apart so more than once (``a = y.unbind(1); b = y.unbind(1)``): each
+#: call is one of its own, whose backward gathers its own pieces' gradients. A piece without it is of its key's first
+#: call (0); the second's are 1, and so on.
+PIECE_CALL = "call"
+
+
+def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...], int]]:
     """The torch.chunk or torch.split call a ``narrow`` of ``split_sizes`` is a piece of, as (its input, dim, the
-    sizes): narrows of one key are rebuilt as one call; None for any other node."""
+    sizes, its :data:`PIECE_CALL`, 0 without): narrows of one key are rebuilt as one call; None for any other node."""
     if node.op != "narrow" or "split_sizes" not in node.attrs:
         return None
-    return node.inputs[0], int(node.attrs["dim"]), tuple(int(s) for s in node.attrs["split_sizes"])
+    return (node.inputs[0], int(node.attrs["dim"]), tuple(int(s) for s in node.attrs["split_sizes"]),
+            int(node.attrs.get(PIECE_CALL, 0)))
 
 
 #: A conv2d's ``standardize``: how its weight is standardised per output channel, each as written (torch runs each
@@ -575,13 +585,14 @@ def _standardize_problem(attrs: Dict[str, Any]) -> str:
     return ""
 
 
-def unbind_group(node: "Node") -> Optional[Tuple[str, int]]:
-    """The torch.unbind call a ``select`` of ``unbind`` true is a piece of, as (its input, dim): selects of one key
+def unbind_group(node: "Node") -> Optional[Tuple[str, int, int]]:
+    """The torch.unbind call a ``select`` of ``unbind`` true is a piece of, as (its input, dim, its
+    :data:`PIECE_CALL`, 0 without): selects of one key
     are rebuilt as one call, whose backward stacks the pieces' gradients (zeros for a piece no gradient reaches)
     where selects' write each into zeros of the input's shape and add them up; None for any other node."""
     if node.op != "select" or not node.attrs.get("unbind"):
         return None
-    return node.inputs[0], int(node.attrs["dim"])
+    return node.inputs[0], int(node.attrs["dim"]), int(node.attrs.get(PIECE_CALL, 0))
 
 
 def _attr_problem(node: "Node") -> str:
@@ -606,6 +617,12 @@ def _attr_problem(node: "Node") -> str:
         problem = _split_sizes_problem(node.attrs)
         if problem:
             return problem
+    if PIECE_CALL in node.attrs:
+        if not ((node.op == "narrow" and "split_sizes" in node.attrs) or node.attrs.get("unbind")):
+            return ("attr 'call' is for a piece of a split (a narrow of 'split_sizes') or an unbind (a select of "
+                    "'unbind')")
+        if not _is_int(node.attrs[PIECE_CALL], 1):
+            return "attr 'call' must be a positive integer, got {!r}".format(node.attrs[PIECE_CALL])
     for a in (a for a in _SHAPES.get(node.op, ()) if a in node.attrs):  # where's mask_shape optional
         v = node.attrs[a]
         if not (isinstance(v, list) and v and all(_is_int(x, 1) for x in v)):

@@ -927,8 +927,8 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     taken: Set[str] = set()
     factory = {} if device is None else {"device": device}
     layers: Dict[str, str] = {}
-    splits: Dict[Tuple[str, int, Tuple[int, ...]], fx.Node] = {}
-    unbinds: Dict[Tuple[str, int], fx.Node] = {}
+    splits: Dict[Tuple[str, int, Tuple[int, ...], int], fx.Node] = {}  # one call a key (schema.PIECE_CALL)
+    unbinds: Dict[Tuple[str, int, int], fx.Node] = {}
     for node in desc.nodes:
         group = split_group(node)
         unbound = unbind_group(node)
@@ -949,8 +949,9 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     return gm
 
 
-def _split_piece(node: Node, group: Tuple[str, int, Tuple[int, ...]], graph: fx.Graph, env: Dict[str, fx.Node],
-                 splits: Dict[Tuple[str, int, Tuple[int, ...]], fx.Node]) -> fx.Node:
+def _split_piece(node: Node, group: Tuple[str, int, Tuple[int, ...], int], graph: fx.Graph,
+                 env: Dict[str, fx.Node], splits: Dict[Tuple[str, int, Tuple[int, ...], int], fx.Node]
+                 ) -> fx.Node:
     """A narrow of ``split_sizes`` (a piece of a torch.chunk or torch.split: ``group``, schema.split_group) as that
     piece of one ``torch.split`` call, made at its first piece: torch's split backward gathers the pieces' gradients
     into one ``cat`` (zeros for a piece no gradient reaches), where narrows' write each into zeros of the input's

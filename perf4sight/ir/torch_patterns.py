@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from perf4sight.ir.schema import SHARES, Node
+from perf4sight.ir.schema import PIECE_CALL, SHARES, Node
 from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.ir.fx_values import (_SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value, _target_name,
                                      einsum_operands)
@@ -1071,7 +1071,8 @@ def _unbound_piece(unbind: fx.Node, index: int, name: str, alias: dict[str, str]
     if dim == 0:
         raise ValueError("an unbind along the batch dimension (dim 0) has no description op")
     _network_tensor(source, alias, "unbind")
-    return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index, "unbind": True},
+    return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index, "unbind": True,
+                                                       PIECE_CALL: unbind.name},
                 list(unbind.meta["tensor_meta"][index].shape)[1:])
 
 
@@ -1108,11 +1109,11 @@ def _picked_after_a_moved_batch(n: fx.Node, alias: dict[str, str]) -> list[Node]
     in the permute's order (a permute of the batch first; none where they stay in order). None for another node."""
     if n.op not in ("call_method", "call_function"):
         return None
-    unbound = False
+    unbound = ""  # the unbind's name, where ``n`` is a piece of one
     if n.target is operator.getitem and isinstance(n.args[0], fx.Node) and isinstance(n.args[1], int):
         source, index = n.args
         if source.target in _UNBINDS and isinstance(source.args[0], fx.Node):
-            source, unbound = source.args[0], True
+            source, unbound = source.args[0], source.name
     elif n.target in (torch.select, "select") and isinstance(n.args[0], fx.Node):
         source, index = n.args[0], int(_arg(n, 2, "index"))
     else:
@@ -1123,10 +1124,11 @@ def _picked_after_a_moved_batch(n: fx.Node, alias: dict[str, str]) -> list[Node]
 
 
 def _select_then_permute(n: fx.Node, permute: fx.Node, index: int, alias: dict[str, str],
-                         unbound: bool = False) -> list[Node]:
+                         unbound: str = "") -> list[Node]:
     """Entry ``index`` of ``permute``'s first dimension, which ``n`` takes, as a select of ``permute``'s input and a
     permute of what is left (``x.permute(2, 0, 3, 1, 4)[i]`` is ``x.select(2, i).permute(0, 2, 1, 3)``); ``unbound``:
-    a piece of an unbind of the permute (``q, k, v = qkv.unbind(0)``), a select of ``unbind`` true (torch's
+    the name of the unbind of the permute (``q, k, v = qkv.unbind(0)``) ``n`` is a piece of, a select of ``unbind``
+    true (its ``call``, schema.PIECE_CALL; torch's
     backward stacks the pieces' gradients: the permute's input's, permuted back, a stack along the dim picked)."""
     dims, source = _permuted_dims(permute), permute.args[0]
     picked = dims[0]
@@ -1136,7 +1138,8 @@ def _select_then_permute(n: fx.Node, permute: fx.Node, index: int, alias: dict[s
                          "description op")
     _network_tensor(source, alias, "permute")
     shape = [int(s) for s in source.meta["tensor_meta"].shape]
-    attrs = {"dim": picked, "index": index % shape[picked], **({"unbind": True} if unbound else {})}
+    attrs = {"dim": picked, "index": index % shape[picked],
+             **({"unbind": True, PIECE_CALL: unbound} if unbound else {})}
     kept = shape[1:picked] + shape[picked + 1:]
     if rest == sorted(rest):
         return [Node(n.name, "select", [alias[source.name]], attrs, kept)]
@@ -1152,7 +1155,7 @@ def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -
     start = sum(int(m.shape[dim]) for m in meta[:index])
     return Node(name, "narrow", [alias[split.args[0].name]],
                 {"dim": dim, "start": start, "length": int(meta[index].shape[dim]),
-                 "split_sizes": [int(m.shape[dim]) for m in meta]}, list(meta[index].shape)[1:])
+                 "split_sizes": [int(m.shape[dim]) for m in meta], PIECE_CALL: split.name}, list(meta[index].shape)[1:])
 
 
 def _new_axes(n: fx.Node, source: fx.Node, index: tuple, alias: dict[str, str]) -> Node | None:
