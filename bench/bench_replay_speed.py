@@ -14,7 +14,11 @@ be run one after the other, alternating, on a shared machine:
 
 ``--against DIR`` loads both trees' packages in one process and times them alternately, round by round (the first
 of a round alternating too): on a loaded machine the paired differences (the median printed) move less than two
-processes' medians do.
+processes' medians do. Each side runs with its own tree's modules alone in ``sys.modules`` and its tree first on
+``sys.path`` (swapped in and out around each run, outside the timing): the imports a function makes when called (the
+meta trace's ``from perf4sight.ir.from_torch import ...``, for a network the allocation model does not cover) had
+found this tree's modules on the base side. Each side describes the networks and reads the fingerprint itself, and
+runs each network once untimed first (the imports its calls make).
 
 ``--fingerprint DIR`` traces and replays each network as that fingerprint's predictions do (its step's rules: a GPU
 fingerprint's ``zero_grad(set_to_none=True)``, its update and cuBLAS workspaces; its replay protocol) instead of
@@ -86,36 +90,70 @@ def measure(networks: list[str], rounds: int = 7, side: int = 224, protocol: str
     return out
 
 
-def _package(code: Path) -> tuple:
-    """``code``'s (clear_cache, simulate), imported afresh: the modules of a tree loaded before are set aside."""
-    for name in [m for m in sys.modules if m == "perf4sight" or m.startswith("perf4sight.")]:
-        del sys.modules[name]
-    sys.path.insert(0, str(Path(code).resolve()))
-    try:
+def _ours(name: str) -> bool:
+    return name == "perf4sight" or name.startswith("perf4sight.")
+
+
+class _Tree:
+    """One tree's perf4sight package in a process that holds two: :meth:`entered` puts its modules (and only its) in
+    ``sys.modules`` and its root first on ``sys.path`` for the time a side runs, then sets them aside again, so that
+    the imports its functions make when called (``from perf4sight.ir.from_torch import ...`` inside a function: the
+    meta trace's, a network the allocation model does not cover) find this tree's modules, and a module not yet
+    loaded is loaded from this tree."""
+
+    def __init__(self, code: Path) -> None:
+        self.root = str(Path(code).resolve())
+        self.modules: dict = {}
+
+    def entered(self) -> "_Tree":
+        for name in [m for m in sys.modules if _ours(m)]:
+            del sys.modules[name]
+        sys.modules.update(self.modules)
+        sys.path.insert(0, self.root)
+        return self
+
+    def __enter__(self) -> "_Tree":
+        return self.entered()
+
+    def __exit__(self, *exc: object) -> None:
+        self.modules = {m: mod for m, mod in sys.modules.items() if _ours(m)}
+        for name in self.modules:
+            del sys.modules[name]
+        sys.path.remove(self.root)
+
+
+def _side(tree: _Tree, networks: list[str], side: int, protocol: str, fingerprint: Path | None) -> tuple:
+    """``tree``'s (clear_cache, simulate, descriptions, simulate's keywords, protocol), each made by its own
+    package (a base tree describes the networks as it did)."""
+    with tree:
         from perf4sight.features.alloc_trace import clear_cache, simulate
-    finally:
-        sys.path.pop(0)
-    return clear_cache, simulate
+        return (clear_cache, simulate, _descriptions(networks, side)) + _fingerprint_rules(fingerprint, protocol)
 
 
 def paired(networks: list[str], base: Path, rounds: int = 21, side: int = 224,
            protocol: str = "run_peak", fingerprint: Path | None = None) -> dict[str, dict[str, list[float]]]:
-    """Per network, the whole times (ms) of ``base``'s package and of this tree's, alternating in one process."""
-    packages = {"base": _package(base), "this": _package(ROOT)}
-    descs = _descriptions(networks, side)
-    rules, protocol = _fingerprint_rules(fingerprint, protocol)
-    out: dict[str, dict[str, list[float]]] = {n: {"base": [], "this": []} for n in descs}
-    for r in range(rounds):
-        for name, desc in descs.items():
-            for which in (("base", "this") if r % 2 == 0 else ("this", "base")):
-                clear_cache, simulate = packages[which]
-                clear_cache()
-                gc.collect()
-                t0 = time.process_time()
-                trace = simulate(desc, **rules).with_protocol(protocol)
-                for b in BATCHES:
-                    trace.replay(b)
-                out[name][which].append(1e3 * (time.process_time() - t0))
+    """Per network, the whole times (ms) of ``base``'s package and of this tree's, alternating in one process, each
+    run with its own tree's modules in ``sys.modules`` (:class:`_Tree`)."""
+    held = {m: mod for m, mod in sys.modules.items() if _ours(m)}  # the caller's, put back after
+    trees = {"base": _Tree(base), "this": _Tree(ROOT)}
+    try:
+        sides = {which: _side(tree, networks, side, protocol, fingerprint) for which, tree in trees.items()}
+        out: dict[str, dict[str, list[float]]] = {n: {"base": [], "this": []} for n in sides["this"][2]}
+        for r in range(-1, rounds):  # round -1 untimed: each side's imports made when called
+            for name in out:
+                for which in (("base", "this") if r % 2 == 0 else ("this", "base")):
+                    clear_cache, simulate, descs, rules, how = sides[which]
+                    with trees[which]:
+                        clear_cache()
+                        gc.collect()
+                        t0 = time.process_time()
+                        trace = simulate(descs[name], **rules).with_protocol(how)
+                        for b in BATCHES:
+                            trace.replay(b)
+                        if r >= 0:
+                            out[name][which].append(1e3 * (time.process_time() - t0))
+    finally:
+        sys.modules.update(held)
     return out
 
 

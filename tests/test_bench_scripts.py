@@ -33,3 +33,45 @@ def test_drift_bench_holds_out_the_families_its_dataset_was_made_with(tmp_path):
     second = ("alexnet", "densenet121", "efficientnet_b0", "mobilenet_v3_large", "resnet34", "squeezenet1_1")
     families.write_config(tmp_path, zoo=second, generated=2)
     assert drift.held_out_families(tmp_path) == list(second)
+
+
+def _fake_tree(root, tag: str) -> None:
+    """A perf4sight package of its own at ``root``: its simulate imports ``perf4sight.late`` when called and writes
+    down which tree's simulate ran with which tree's ``late`` (to the file named by ``SEEN``)."""
+    files = {"__init__.py": "", "ir/__init__.py": "", "networks/__init__.py": "", "features/__init__.py": "",
+             "late.py": f"WHO = {tag!r}\n",
+             "ir/schema.py": "from types import SimpleNamespace\n\n\ndef load_description(n):\n"
+                             "    return SimpleNamespace(name='net')\n",
+             "networks/zoo.py": "def describe_zoo(*a):\n    raise AssertionError\n",
+             "features/alloc_trace.py": (
+                 "import os\n\n\nclass _Trace:\n    def with_protocol(self, p):\n        return self\n\n"
+                 "    def replay(self, b):\n        pass\n\n\ndef clear_cache():\n    pass\n\n\n"
+                 "def simulate(desc):\n    from perf4sight.late import WHO\n\n"
+                 f"    with open(os.environ['SEEN'], 'a') as f:\n        f.write({tag!r} + ' ' + WHO + '\\n')\n"
+                 "    return _Trace()\n")}
+    for name, text in files.items():
+        (root / "perf4sight" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "perf4sight" / name).write_text(text)
+
+
+def test_replay_speed_against_a_base_tree_runs_each_side_with_its_own_modules(tmp_path, monkeypatch):
+    """``bench_replay_speed --against DIR`` loaded both trees in one process, the base's modules set aside: a base
+    function's import made when called (the meta trace's ``from perf4sight.ir.from_torch import ...``) found this
+    tree's module, so the 'before' side ran the new code. Each side runs with its own modules now, and the caller's
+    perf4sight modules are put back after."""
+    import sys
+
+    import perf4sight.errors
+
+    bench = load_bench("bench_replay_speed")
+    for tag in ("base", "this"):
+        _fake_tree(tmp_path / tag, tag)
+    monkeypatch.setattr(bench, "ROOT", tmp_path / "this")
+    monkeypatch.setenv("SEEN", str(tmp_path / "seen.txt"))
+    mine = sys.modules["perf4sight"], perf4sight.errors
+    times = bench.paired(["net.json"], tmp_path / "base", rounds=2, fingerprint=None)
+    assert {k: len(v) for k, v in times["net"].items()} == {"base": 2, "this": 2}
+    seen = (tmp_path / "seen.txt").read_text().split("\n")[:-1]
+    assert len(seen) == 6 and set(seen) == {"base base", "this this"}
+    assert (sys.modules["perf4sight"], sys.modules["perf4sight.errors"]) == mine
+    assert str(tmp_path) not in " ".join(sys.path)
