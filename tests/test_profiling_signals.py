@@ -365,6 +365,21 @@ def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_network_frozen_whole_says_that_nothing_trains(tmp_path):
+    """A description of a network every layer of which is frozen (``frozen_layers``) is rebuilt frozen: its step has
+    no backward, and the error row says why in plain words (it was trained whole before, as if not frozen)."""
+    from perf4sight.profiling.child import measure
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    net.requires_grad_(False)
+    path = save_description(describe(net, SHAPE, "still"), tmp_path / "still.json")
+    plan_path = save_plan(TestPlan(device="d", networks=[str(path)], batch_sizes=[2], warmup_steps=0,
+                                   timed_steps=1), tmp_path / "plan.json")
+    row = measure(plan_path, 0, 2)
+    assert row["status"] == "error" and row["stage"] == "step"
+    assert row["message"].startswith("RuntimeError: no parameter of the network trains (none, or every one frozen: "
+                                     "its description's frozen_layers)")
+
+
 def test_a_segmentation_network_trains_on_a_class_per_pixel(tmp_path):
     """A network whose output scores every pixel ([classes, H, W]) is measured on a label per pixel."""
     from perf4sight.profiling.child import measure

@@ -47,6 +47,8 @@ def one_line(exc: BaseException, cause: str = "") -> str:
 
 #: what PyTorch says when batch norm trains on a single value per channel (a 1x1 map of one image)
 _ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"
+#: what PyTorch says of backward where no parameter needs a gradient (every layer frozen: a description's frozen_layers)
+_NOTHING_TRAINS = "does not require grad and does not have a grad_fn"
 
 
 def failure_message(exc: BaseException, batch_size: int) -> str:
@@ -54,6 +56,9 @@ def failure_message(exc: BaseException, batch_size: int) -> str:
     if _ONE_VALUE_PER_CHANNEL in str(exc):
         return one_line(exc, f"batch norm over a 1x1 map cannot train on a batch of {batch_size} (give a larger "
                              "input_shape or larger batch sizes)")
+    if _NOTHING_TRAINS in str(exc):
+        return one_line(exc, "no parameter of the network trains (none, or every one frozen: its description's "
+                             "frozen_layers), so a training step has no backward")
     return one_line(exc)
 
 
