@@ -220,6 +220,30 @@ def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:
         resolve_networks(cfg, ["tiny_vgg_l30"], [3, 32, 32])
 
 
+def test_a_description_file_counting_frozen_weights_it_does_not_name_is_noted(tmp_path: Path) -> None:
+    """A description file written before descriptions named their frozen layers (``frozen_params`` alone) cannot be
+    rebuilt frozen: a note says so, and not of a file that names them (``frozen_layers``)."""
+    from perf4sight.config import load_config
+    from perf4sight.ir.schema import save_description
+    from perf4sight.networks.build import reshaped_description_notes
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, CLASSES))
+    model[0].requires_grad_(False)
+    named = describe(model, SHAPE, "named")
+    older = describe(model, SHAPE, "older")
+    del older.extra["frozen_layers"]
+    save_description(named, tmp_path / "named.json")
+    save_description(older, tmp_path / "older.json")
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ndescription_files = ["named.json", "older.json"]\ninput_shape = [3, 32, 32]\n'
+        'num_classes = 10\n')
+    assert reshaped_description_notes(load_config(tmp_path / "config.toml")) == [
+        "note: [networks] description_files: older.json counts 224 frozen parameters but names no frozen layer "
+        "(frozen_layers, written since this tool names them: describe the module again): its networks train every "
+        "layer"]
+
+
 def test_a_description_file_at_another_input_shape_is_noted(tmp_path: Path) -> None:
     """A [networks] description_files entry described at 3x64x64 under input_shape = [3, 32, 32] was rebuilt
     at 3x32x32 without a word: one note per such file says what shape it had and what it is built at."""

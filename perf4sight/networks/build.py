@@ -150,7 +150,9 @@ def _files_key(kind: str, files: tuple[Path, ...], *more: Any, data: Path | None
 def reshaped_description_notes(cfg: Config) -> list[str]:
     """One note per ``[networks] description_files`` entry described at another input shape than
     ``[networks] input_shape`` (the networks stage rebuilds it and describes its variants at the configured one),
-    and one per entry with another class count than ``[networks] num_classes`` (kept)."""
+    and one per entry with another class count than ``[networks] num_classes`` (kept), and one per entry that counts
+    frozen parameters (``frozen_params``) without naming their layers (``frozen_layers``: an older description), which
+    its rebuilt networks therefore train."""
     want = list(cfg.networks.input_shape)
     lines = []
     for fname, desc in config_descriptions(cfg):
@@ -163,6 +165,10 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
             lines.append(f"note: [networks] description_files: {fname} has {desc.num_classes} classes, and keeps "
                          f"them ([networks] num_classes = {cfg.networks.num_classes} applies to zoo and factory "
                          "networks)")
+        if desc.extra.get("frozen_params") and "frozen_layers" not in desc.extra:
+            lines.append(f"note: [networks] description_files: {fname} counts {desc.extra['frozen_params']} frozen "
+                         "parameters but names no frozen layer (frozen_layers, written since this tool names them: "
+                         "describe the module again): its networks train every layer")
     return lines
 
 
