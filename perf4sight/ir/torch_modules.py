@@ -32,12 +32,10 @@ def _padding(m: nn.Conv2d) -> list[int]:
     return [r // 2 for r in reach]
 
 
-def weight_norm_form(m: nn.Module) -> str | None:
-    """The ``weight_norm`` (schema.WEIGHT_NORMS) of an ``nn.Conv2d``, ``nn.Conv1d`` (a conv2d of a one-pixel high
-    view: the same norms, g of [out, 1, 1] for [out, 1, 1, 1]) or ``nn.Linear`` whose weight, and nothing else,
-    torch's weight_norm computes over dim 0 (each output channel's norm): ``"parametrization"``
-    (``torch.nn.utils.parametrizations.weight_norm``, alone) or ``"hook"`` (``torch.nn.utils.weight_norm``'s forward
-    pre-hook, its one reparametrising hook); None otherwise (another parametrization or hook, another dim, none)."""
+def _weight_reparametrisation(m: nn.Module, parametrization: type, hook: type) -> tuple[str, Any] | None:
+    """``("parametrization", it)`` where ``m`` (an ``nn.Conv2d``, ``nn.Conv1d`` or ``nn.Linear``) has one torch
+    parametrization of class ``parametrization`` over dim 0 on its weight and nothing else, ``("hook", it)`` where its
+    one reparametrising forward pre-hook is of class ``hook`` over dim 0 of its weight; None otherwise."""
     if not isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)):
         return None
     hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, (WeightNorm, SpectralNorm,
@@ -45,10 +43,20 @@ def weight_norm_form(m: nn.Module) -> str | None:
     if parametrize.is_parametrized(m):
         chains = dict(m.parametrizations.items())
         chain = list(chains.get("weight", []))
-        normed = len(chain) == 1 and isinstance(chain[0], parametrizations._WeightNorm) and chain[0].dim == 0
-        return "parametrization" if normed and list(chains) == ["weight"] and not hooks else None
-    normed = len(hooks) == 1 and isinstance(hooks[0], WeightNorm) and hooks[0].name == "weight" and hooks[0].dim == 0
-    return "hook" if normed else None
+        alone = len(chain) == 1 and isinstance(chain[0], parametrization) and chain[0].dim == 0
+        return ("parametrization", chain[0]) if alone and list(chains) == ["weight"] and not hooks else None
+    alone = len(hooks) == 1 and isinstance(hooks[0], hook) and hooks[0].name == "weight" and hooks[0].dim == 0
+    return ("hook", hooks[0]) if alone else None
+
+
+def weight_norm_form(m: nn.Module) -> str | None:
+    """The ``weight_norm`` (schema.WEIGHT_NORMS) of an ``nn.Conv2d``, ``nn.Conv1d`` (a conv2d of a one-pixel high
+    view: the same norms, g of [out, 1, 1] for [out, 1, 1, 1]) or ``nn.Linear`` whose weight, and nothing else,
+    torch's weight_norm computes over dim 0 (each output channel's norm): ``"parametrization"``
+    (``torch.nn.utils.parametrizations.weight_norm``, alone) or ``"hook"`` (``torch.nn.utils.weight_norm``'s forward
+    pre-hook, its one reparametrising hook); None otherwise (another parametrization or hook, another dim, none)."""
+    found = _weight_reparametrisation(m, parametrizations._WeightNorm, WeightNorm)
+    return found[0] if found else None
 
 
 def spectral_norm_form(m: nn.Module) -> dict | None:
@@ -58,21 +66,10 @@ def spectral_norm_form(m: nn.Module) -> dict | None:
     (``torch.nn.utils.parametrizations.spectral_norm``, alone) or ``"hook"`` (``torch.nn.utils.spectral_norm``'s
     forward pre-hook, its one reparametrising hook), with ``spectral_norm_iterations`` and ``spectral_norm_eps``
     where not torch's defaults (1, 1e-12); None otherwise."""
-    if not isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)):
+    found = _weight_reparametrisation(m, parametrizations._SpectralNorm, SpectralNorm)
+    if found is None:
         return None
-    hooks = [h for h in m._forward_pre_hooks.values() if isinstance(h, (WeightNorm, SpectralNorm,
-                                                                        prune.BasePruningMethod))]
-    if parametrize.is_parametrized(m):
-        chains = dict(m.parametrizations.items())
-        chain = list(chains.get("weight", []))
-        if len(chain) != 1 or not isinstance(chain[0], parametrizations._SpectralNorm) or chain[0].dim != 0 or \
-                list(chains) != ["weight"] or hooks:
-            return None
-        form, how = "parametrization", chain[0]
-    elif len(hooks) == 1 and isinstance(hooks[0], SpectralNorm) and hooks[0].name == "weight" and hooks[0].dim == 0:
-        form, how = "hook", hooks[0]
-    else:
-        return None
+    form, how = found
     attrs: dict = {"spectral_norm": form}
     if how.n_power_iterations != 1:
         attrs["spectral_norm_iterations"] = int(how.n_power_iterations)
