@@ -184,3 +184,36 @@ def test_a_description_file_s_frozen_layers_stay_frozen_in_its_rebuilt_module_an
     bad = {**desc.to_dict(), "frozen_layers": ["_2"]}  # a ReLU's
     with pytest.raises(UserError, match=r"^x: frozen_layers names '_2', which is not a node with parameters$"):
         NetworkDescription.from_dict(bad, "x")
+
+
+class _PartlyFrozen(nn.Module):
+    """A conv whose weight is frozen and bias trained, and a frozen [C, 1, 1] gain its forward multiplies by (a
+    function call's parameter, described as a ``scale``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.c1, self.fc = nn.Conv2d(3, 16, 3), nn.Conv2d(16, 32, 3), nn.Linear(32, 10)
+        self.g = nn.Parameter(torch.ones(32, 1, 1))
+        self.c0.weight.requires_grad_(False)
+        self.g.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.c1(torch.relu(self.c0(x)))) * self.g
+        return self.fc(x.mean((2, 3)))
+
+
+def _frozen_numel(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if not p.requires_grad)
+
+
+def test_a_cut_keeps_a_partly_frozen_layer_s_frozen_weight_frozen_and_counts_it_as_such():
+    """torch-pruning makes a cut layer's weight anew: a conv's frozen weight (its bias trained) came out trained, so
+    the level lost it from ``frozen_params`` (32, the gain alone, of 302) and the plan, which counted that weight as
+    trained when cut, missed its level (34.8% for 30%). Now the cut weight stays frozen and the level is the plan's."""
+    torch.manual_seed(0)
+    plan = PruningPlan(_PartlyFrozen(), SHAPE, "l1-norm", 2, 0, "pf")
+    pruned = plan.prune(30)
+    assert pruned.module.c0.out_channels < 16 and not pruned.module.c0.weight.requires_grad
+    assert pruned.module.c0.bias.requires_grad and not pruned.module.g.requires_grad
+    assert _frozen_numel(pruned.module) == 3 * 9 * pruned.module.c0.out_channels + 32
+    assert abs(pruned.achieved_level - 30) < 2

@@ -606,8 +606,11 @@ def module_copy(module: nn.Module) -> nn.Module:
 
 
 def cut(base: nn.Module, cuts: dict[tuple[str, Handler], set[int]]) -> nn.Module:
-    """A deep copy of ``base`` with every (layer, pruning function) cut applied once."""
+    """A deep copy of ``base`` with every (layer, pruning function) cut applied once, its frozen parameters
+    (``requires_grad`` False) frozen still: torch-pruning's cut makes a layer's weight anew, trained (a frozen conv
+    weight of a partly frozen layer, its bias trained, came out trained)."""
     model = module_copy(base)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     modules = dict(model.named_modules())
     for (name, handler), idxs in cuts.items():
         if name in modules:
@@ -618,6 +621,9 @@ def cut(base: nn.Module, cuts: dict[tuple[str, Handler], set[int]]) -> nn.Module
             new = handler(old, sorted(idxs))
             for holder, held in _holders(model, old):
                 setattr(holder, held, new)
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
     return model
 
 
@@ -693,17 +699,19 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
     ``own``: ``m``'s own trainable parameters, where the caller has them (:func:`_own_trainable`)."""
     own = _own_trainable(m) if own is None else own
     bias = int(getattr(m, "bias", None) is not None and m.bias.requires_grad)
+    w = getattr(m, "weight", None)  # frozen alone (its bias trained), or a weight norm's computed weight (counted)
+    weight = int(not (isinstance(w, nn.Parameter) and not w.requires_grad))
     if type(m) is nn.Conv2d:
         kk = m.kernel_size[0] * m.kernel_size[1]
         if m.groups == m.in_channels == m.out_channels:  # depthwise: in and out go together
             c = m.out_channels - max(r_out, r_in)
-            return c * kk + bias * c
+            return weight * c * kk + bias * c
         out, cin = m.out_channels - r_out, m.in_channels - r_in
-        return out * (cin // m.groups) * kk + bias * out
+        return weight * out * (cin // m.groups) * kk + bias * out
     if type(m) is nn.ConvTranspose2d and m.groups == 1:  # weight [Cin, Cout, kh, kw]
         kk = m.kernel_size[0] * m.kernel_size[1]
         out, cin = m.out_channels - r_out, m.in_channels - r_in
-        return cin * out * kk + bias * out
+        return weight * cin * out * kk + bias * out
     if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d, nn.SyncBatchNorm, nn.BatchNorm1d):
         return (m.num_features - max(r_out, r_in)) * len(own)
     if type(m) is nn.GroupNorm:
@@ -712,7 +720,7 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
         return m.num_parameters if m.num_parameters == 1 else (m.num_parameters - max(r_out, r_in)) * len(own)
     if type(m) is nn.Linear:
         out, cin = m.out_features - r_out, m.in_features - r_in
-        return out * cin + bias * out
+        return weight * out * cin + bias * out
     if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1:  # ConvNeXt's, LayerNorm2d included
         return (m.normalized_shape[0] - max(r_out, r_in)) * len(own)
     if isinstance(m, nn.RMSNorm):  # its weight loses a slice per channel cut along its cut's dimension, if any
