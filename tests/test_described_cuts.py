@@ -217,3 +217,84 @@ def test_a_cut_keeps_a_partly_frozen_layer_s_frozen_weight_frozen_and_counts_it_
     assert pruned.module.c0.bias.requires_grad and not pruned.module.g.requires_grad
     assert _frozen_numel(pruned.module) == 3 * 9 * pruned.module.c0.out_channels + 32
     assert abs(pruned.achieved_level - 30) < 2
+
+
+def test_a_description_names_its_partly_frozen_parameters_and_its_rebuilt_module_and_levels_keep_them(tmp_path):
+    """A frozen conv weight whose bias trains, and a frozen gain a function call reads, are frozen parameters of no
+    layer frozen whole: the description names them (``frozen_parameters``, ``node.parameter``), the module rebuilt of
+    the file freezes exactly those (no gradient: no optimiser state), and its pruned level is the module's own, both
+    named and counted frozen. A description without the key rebuilds as before (every such parameter trained); a
+    name of no node, or of no parameter of its layer, is refused in one line."""
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import NetworkDescription, load_description
+    from perf4sight.ir.to_torch import build_module
+
+    torch.manual_seed(0)
+    net = _PartlyFrozen()
+    desc = describe(net, SHAPE, "pf")
+    assert desc.extra == {"frozen_params": 464, "frozen_parameters": ["c0.weight", "mul.weight"]}
+    path = tmp_path / "pf.json"
+    path.write_text(desc.to_json())
+    loaded = load_description(path)
+    rebuilt = build_module(loaded)
+    assert sorted(n for n, p in rebuilt.named_parameters() if not p.requires_grad) == ["c0.weight", "mul.weight"]
+    rebuilt(torch.randn(2, *SHAPE)).sum().backward()
+    grads = {n for n, p in rebuilt.named_parameters() if p.grad is not None}
+    assert "c0.bias" in grads and "c0.weight" not in grads and "mul.weight" not in grads
+    old = {k: v for k, v in desc.to_dict().items() if k != "frozen_parameters"}
+    assert all(p.requires_grad for p in build_module(NetworkDescription.from_dict(old, "old")).parameters())
+    mine = prune_source(Source("pf", "description", lambda: build_module(loaded)), SHAPE, [30], "l1-norm", 2, 0)
+    theirs = prune_source(Source("pf", "description", _PartlyFrozen), SHAPE, [30], "l1-norm", 2, 0)
+    assert [d.to_json() for d in mine] == [d.to_json() for d in theirs]
+    level = mine[0]
+    assert level.extra["frozen_parameters"] == ["c0.weight", "mul.weight"]
+    assert level.extra["frozen_params"] == 3 * 9 * level.node("c0").attrs["out_channels"] + 32
+    assert level.node("c0").attrs["out_channels"] < 16 and abs(level.pruning_level - 30) < 2
+    with pytest.raises(UserError, match=r"^x: frozen_parameters names 'c9\.weight', which is no parameter of a "
+                                        r"node with parameters \('node\.parameter': 'conv1\.weight'\)$"):
+        NetworkDescription.from_dict({**desc.to_dict(), "frozen_parameters": ["c9.weight"]}, "x")
+    bad = NetworkDescription.from_dict({**desc.to_dict(), "frozen_parameters": ["c1.gain"]}, "x")
+    with pytest.raises(UserError, match=r"^pf: frozen_parameters names 'c1\.gain', which is no parameter of the "
+                                        r"layer rebuilt of its node$"):
+        build_module(bad)
+
+
+class _FunctionCalls(nn.Module):
+    """Parameters read by function calls (a convolution's, a layer norm's, a class token expanded over the batch)
+    and torch's attention, rebuilt inside a layer of this tool's (to_torch.SelfAttention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(8, 3, 3, 3)), nn.Parameter(torch.zeros(8))
+        self.lw, self.lb = nn.Parameter(torch.ones(8)), nn.Parameter(torch.zeros(8))
+        self.tok = nn.Parameter(torch.zeros(1, 1, 8))
+        self.att, self.fc = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.conv2d(x, self.w, self.b).flatten(2).transpose(1, 2)
+        x = torch.nn.functional.layer_norm(x, (8,), self.lw, self.lb)
+        x = torch.cat([self.tok.expand(x.shape[0], -1, -1), x], 1)
+        return self.fc(self.att(x, x, x, need_weights=False)[0].mean(1))
+
+
+def test_frozen_parameters_of_function_calls_and_of_torch_s_attention_are_named_as_rebuilt(monkeypatch):
+    """A frozen bias of F.conv2d, weight of F.layer_norm, class token (read through its expansion), and attention's
+    frozen input projection and output bias: named as the rebuilt layers hold them, the rebuilt module freezes exactly
+    those (as many elements as frozen_params). A name the rebuilt layers do not hold is left out, not written."""
+    from perf4sight.ir import from_torch
+    from perf4sight.ir.to_torch import build_module
+
+    net = _FunctionCalls()
+    for name in ("b", "lw", "tok", "att.in_proj_weight", "att.out_proj.bias"):
+        net.get_parameter(name).requires_grad_(False)
+    desc = from_torch.describe(net, [3, 8, 8], "fc")
+    names = ["conv2d.bias", "layer_norm.weight", "cat.weight", "att.attention.in_proj_weight",
+             "att.attention.out_proj.bias"]
+    assert desc.extra == {"frozen_params": 8 + 8 + 8 + 192 + 8, "frozen_parameters": names}
+    rebuilt = build_module(desc)
+    assert sorted(n for n, p in rebuilt.named_parameters() if not p.requires_grad) == sorted(names)
+    assert sum(p.numel() for p in rebuilt.parameters() if not p.requires_grad) == desc.extra["frozen_params"]
+    real = from_torch._frozen_parameters
+    monkeypatch.setattr(from_torch, "_frozen_parameters", lambda *a: real(*a) + ["fc.gain"])
+    assert from_torch.describe(net, [3, 8, 8], "fc").extra["frozen_parameters"] == names

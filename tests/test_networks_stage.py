@@ -235,13 +235,18 @@ def test_a_description_file_counting_frozen_weights_it_does_not_name_is_noted(tm
     del older.extra["frozen_layers"]
     save_description(named, tmp_path / "named.json")
     save_description(older, tmp_path / "older.json")
+    model[0].weight.requires_grad_(False)
+    model[0].bias.requires_grad_(True)  # a layer partly frozen: its weight named alone (frozen_parameters)
+    partly = describe(model, SHAPE, "partly")
+    assert "frozen_layers" not in partly.extra and partly.extra["frozen_parameters"] == ["_0.weight"]
+    save_description(partly, tmp_path / "partly.json")
     (tmp_path / "config.toml").write_text(
-        '[networks]\nzoo = []\ndescription_files = ["named.json", "older.json"]\ninput_shape = [3, 32, 32]\n'
-        'num_classes = 10\n')
+        '[networks]\nzoo = []\ndescription_files = ["named.json", "older.json", "partly.json"]\n'
+        'input_shape = [3, 32, 32]\nnum_classes = 10\n')
     assert reshaped_description_notes(load_config(tmp_path / "config.toml")) == [
-        "note: [networks] description_files: older.json counts 224 frozen parameters but names no frozen layer "
-        "(frozen_layers, written since this tool names them: describe the module again): its networks train every "
-        "layer"]
+        "note: [networks] description_files: older.json counts 224 frozen parameters but names none of them "
+        "(frozen_layers, frozen_parameters, written since this tool names them: describe the module again): its "
+        "networks train every layer"]
 
 
 def test_a_description_file_at_another_input_shape_is_noted(tmp_path: Path) -> None:

@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (FROZEN_LAYERS, ON_COPY_OPS, PIECE_CALL, SHARES, NetworkDescription, Node,
-                                  count_params, node_params, split_group, unbind_group)
+from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, ON_COPY_OPS, PIECE_CALL, SHARES,
+                                  NetworkDescription, Node, count_params, node_params, split_group, unbind_group)
 from perf4sight.ir.shapes import image_size_problem
+from perf4sight.ir.to_torch import build_module
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.coordinates import coordinate_channels
@@ -370,6 +371,15 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
         layers = _frozen_layers(module, gm, desc)
         if layers:  # which: to_torch freezes them again (a pruned level of a rebuilt description keeps them frozen)
             desc.extra[FROZEN_LAYERS] = layers
+        parameters = _frozen_parameters(module, gm, desc, layers)
+        if parameters:  # the others: a layer's weight frozen, its bias not; a frozen parameter a function call reads
+            desc.extra[FROZEN_PARAMETERS] = parameters
+            unknown: list[str] = []  # those of a layer rebuilt under other names (left out: frozen_params counts them)
+            build_module(desc, device="meta", unknown_frozen=unknown)
+            if unknown:
+                desc.extra[FROZEN_PARAMETERS] = [p for p in parameters if p not in unknown]
+                if not desc.extra[FROZEN_PARAMETERS]:
+                    del desc.extra[FROZEN_PARAMETERS]
     return desc
 
 
@@ -383,6 +393,60 @@ def _frozen_layers(module: nn.Module, gm: fx.GraphModule, desc: NetworkDescripti
         if params and not any(p.requires_grad for p in params):
             frozen.add(n.name)
     return [n.name for n in desc.nodes if n.name in frozen and node_params(n)]
+
+
+def _frozen_parameters(module: nn.Module, gm: fx.GraphModule, desc: NetworkDescription, layers: list[str]
+                       ) -> list[str]:
+    """The frozen parameters (``requires_grad`` False) of ``desc``'s nodes other than ``layers`` (those frozen
+    whole), each named ``node.name`` as the layer to_torch rebuilds of the node calls it: a partly frozen layer's
+    (``conv.weight`` frozen, its bias trained: its own name, ``weight``), and one a function call reads (``x *
+    self.g``, ``F.conv2d(x, self.w, self.b)``: the argument's name, ``weight`` or ``bias``; a scale's, shift's or
+    token's one tensor ``weight``). A call of a layer called before names the first call's node (``shares``)."""
+    modules = dict(module.named_modules())
+    named = {n.name: n for n in desc.nodes}
+    frozen: set[str] = set()
+    for n in gm.graph.nodes:
+        node = named.get(n.name)
+        if node is None or n.name in layers:
+            continue
+        owner = node.attrs.get(SHARES, node.name)
+        if n.op == "call_module" and n.target in modules:
+            layer = modules[n.target]  # torch's attention rebuilt inside a layer of ours (to_torch.SelfAttention)
+            inner = "attention." if node.op == "attention" and isinstance(layer, nn.MultiheadAttention) else ""
+            frozen.update(f"{owner}.{inner}{name}" for name, p in layer.named_parameters() if not p.requires_grad)
+        elif n.op in ("call_function", "call_method"):
+            for role, a in _parameter_roles(n, node.op):
+                if a.op == "get_attr" and _is_parameter(gm, a.target) and not gm.get_parameter(a.target).requires_grad:
+                    frozen.add(f"{owner}.{role}")
+    return [f"{n.name}.{rest}" for n in desc.nodes for rest in sorted(f[len(n.name) + 1:] for f in frozen
+                                                                      if f.startswith(n.name + "."))
+            if node_params(n)]
+
+
+#: The description op of a function call -> (position, name) of the arguments that are its layer's parameters, as
+#: torch's functions take them (F.conv2d(x, weight, bias), F.layer_norm(x, shape, weight, bias), ...).
+_PARAMETER_ARGS = {"conv2d": ((1, "weight"), (2, "bias")), "conv_transpose2d": ((1, "weight"), (2, "bias")),
+                   "linear": ((1, "weight"), (2, "bias")), "layernorm": ((2, "weight"), (3, "bias")),
+                   "groupnorm": ((2, "weight"), (3, "bias")), "rmsnorm": ((2, "weight"),),
+                   "batchnorm2d": ((3, "weight"), (4, "bias")), "instancenorm": ((3, "weight"), (4, "bias")),
+                   "prelu": ((1, "weight"),)}
+#: Calls through which a parameter is read as itself (its view, its expansion over the batch: a class token's).
+_READ_THROUGH = {*_VIEWS, "expand", "expand_as", "repeat", "tile", torch.tile, "contiguous"}
+
+
+def _parameter_roles(n: fx.Node, op: str) -> list[tuple[str, fx.Node]]:
+    """The module tensors (``get_attr`` nodes, or one read through a view or an expansion) a function call ``n`` of
+    the description op ``op`` reads, each with the name of its parameter in the layer to_torch rebuilds of ``op``:
+    torch's argument name (``weight``, ``bias``); a scale's, shift's or token's one tensor ``weight``."""
+    def held(a: Any) -> fx.Node | None:
+        while isinstance(a, fx.Node) and a.op in ("call_method", "call_function") and a.target in _READ_THROUGH:
+            a = a.args[0] if a.args else None
+        return a if isinstance(a, fx.Node) and a.op == "get_attr" else None
+
+    if op in ("scale", "shift", "token"):
+        return [("weight", h) for h in (held(a) for a in n.all_input_nodes) if h is not None]
+    return [(name, h) for name, h in ((name, held(_arg(n, i, name))) for i, name in _PARAMETER_ARGS.get(op, ()))
+            if h is not None]
 
 
 def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_bytes
 from perf4sight.files import write_atomically
@@ -261,6 +261,17 @@ SHARES = "shares"
 #: A description's optional key: the nodes whose layer's parameters are all frozen (``requires_grad`` False), which a
 #: rebuilt module freezes too; ``frozen_params`` counts every frozen parameter.
 FROZEN_LAYERS = "frozen_layers"
+#: A description's optional key: the other frozen parameters, each ``node.name`` (the node's name, then the
+#: parameter's in the layer to_torch rebuilds of it: ``weight``, ``bias``), which a rebuilt module freezes too: a
+#: layer partly frozen (its weight frozen, its bias trained), a frozen parameter a function call reads.
+FROZEN_PARAMETERS = "frozen_parameters"
+
+
+def frozen_parameter(entry: str, nodes: Iterable[str]) -> Optional[Tuple[str, str]]:
+    """(node, parameter) of a :data:`FROZEN_PARAMETERS` entry: the longest of ``nodes`` it starts with, then a dot
+    and the parameter's name; None if it starts with none."""
+    best = max((n for n in nodes if entry.startswith(n + ".") and len(entry) > len(n) + 1), key=len, default=None)
+    return None if best is None else (best, entry[len(best) + 1:])
 #: Ops whose parameter is one learnt tensor of their attr ``shape``: a node of one may share (``shares``) the tensor
 #: of an earlier node of another of them of the same shape (a parameter a network multiplies by and adds,
 #: ``x * self.g + self.g``).
@@ -1002,6 +1013,16 @@ class NetworkDescription:
             bad = [f for f in frozen if f not in named or not node_params(named[f])]
             if bad:
                 raise UserError(f"{where}: {FROZEN_LAYERS} names '{bad[0]}', which is not a node with parameters")
+        parameters = extra.get(FROZEN_PARAMETERS)
+        if parameters is not None:
+            owners = [n.name for n in nodes if node_params(n)]
+            if not isinstance(parameters, list) or not all(isinstance(f, str) for f in parameters):
+                raise UserError(f"{where}: {FROZEN_PARAMETERS} must be a list of 'node.parameter' names, "
+                                f"got {parameters!r}")
+            bad = [f for f in parameters if frozen_parameter(f, owners) is None]
+            if bad:
+                raise UserError(f"{where}: {FROZEN_PARAMETERS} names '{bad[0]}', which is no parameter of a node "
+                                "with parameters ('node.parameter': 'conv1.weight')")
         counted = count_params(desc)
         if "params" in d and desc.params != counted:
             raise UserError(f"{where}: params {desc.params} is not the {counted} trainable parameters its nodes "

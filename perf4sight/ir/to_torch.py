@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (FROZEN_LAYERS, ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS,
-                                  NetworkDescription, Node, split_group, unbind_group)
+from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, ONE_TENSOR_OPS, SHARES,
+                                  WEIGHTED_SUM_NORMALIZATIONS, NetworkDescription, Node, frozen_parameter, split_group,
+                                  unbind_group)
 from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -917,10 +918,13 @@ def _attr_name(name: str, taken: Set[str]) -> str:
     return candidate
 
 
-def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, str]] = None) -> fx.GraphModule:
+def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, str]] = None,
+                 unknown_frozen: Optional[List[str]] = None) -> fx.GraphModule:
     """A trainable GraphModule computing ``desc`` (input ``[N, *desc.input_shape]``), its parameters
     and buffers made on ``device`` (default: torch's default device). Passing ``device="meta"`` is
-    about 20 % faster than building inside ``with torch.device("meta")``, which intercepts every call."""
+    about 20 % faster than building inside ``with torch.device("meta")``, which intercepts every call.
+    A ``frozen_parameters`` entry that names no parameter of the rebuilt layers is a ``UserError``, or, given
+    ``unknown_frozen``, added to it."""
     root = nn.Module()
     graph = fx.Graph()
     env: Dict[str, fx.Node] = {}
@@ -944,9 +948,29 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     graph.output(env[desc.output])
     for name in desc.extra.get(FROZEN_LAYERS, ()):  # frozen as described (the profile's step leaves them untrained)
         getattr(root, layers[name]).requires_grad_(False)
+    for entry in desc.extra.get(FROZEN_PARAMETERS, ()):  # a partly frozen layer's, a function call's
+        try:
+            _frozen_parameter_of(root, layers, entry, desc.name).requires_grad_(False)
+        except UserError:
+            if unknown_frozen is None:
+                raise
+            unknown_frozen.append(entry)
     gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
     gm.train()
     return gm
+
+
+def _frozen_parameter_of(root: nn.Module, layers: Dict[str, str], entry: str, where: str) -> nn.Parameter:
+    """The parameter of the rebuilt module ``root`` a :data:`FROZEN_PARAMETERS` entry names (``node.weight``:
+    ``layers`` gives each node's layer); one it does not name is a ``UserError``."""
+    found = frozen_parameter(entry, layers)
+    value = getattr(root, layers[found[0]]) if found else None
+    for part in found[1].split(".") if found else ():
+        value = getattr(value, part, None)
+    if not isinstance(value, nn.Parameter):
+        raise UserError(f"{where}: {FROZEN_PARAMETERS} names '{entry}', which is no parameter of the layer rebuilt of "
+                        "its node")
+    return value
 
 
 def _split_piece(node: Node, group: Tuple[str, int, Tuple[int, ...], int], graph: fx.Graph,

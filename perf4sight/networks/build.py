@@ -34,7 +34,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import write_atomically
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import FROZEN_LAYERS, FROZEN_PARAMETERS, NetworkDescription
 from perf4sight.ir.shapes import shape_text
 from perf4sight.networks import stage_cache
 from perf4sight.networks.design_space import FULL_STEM_INPUT, MIN_INPUT
@@ -151,8 +151,8 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
     """One note per ``[networks] description_files`` entry described at another input shape than
     ``[networks] input_shape`` (the networks stage rebuilds it and describes its variants at the configured one),
     and one per entry with another class count than ``[networks] num_classes`` (kept), and one per entry that counts
-    frozen parameters (``frozen_params``) without naming their layers (``frozen_layers``: an older description), which
-    its rebuilt networks therefore train."""
+    frozen parameters (``frozen_params``) without naming them (``frozen_layers``, ``frozen_parameters``: an older
+    description), which its rebuilt networks therefore train."""
     want = list(cfg.networks.input_shape)
     lines = []
     for fname, desc in config_descriptions(cfg):
@@ -165,10 +165,10 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
             lines.append(f"note: [networks] description_files: {fname} has {desc.num_classes} classes, and keeps "
                          f"them ([networks] num_classes = {cfg.networks.num_classes} applies to zoo and factory "
                          "networks)")
-        if desc.extra.get("frozen_params") and "frozen_layers" not in desc.extra:
+        if desc.extra.get("frozen_params") and FROZEN_LAYERS not in desc.extra and FROZEN_PARAMETERS not in desc.extra:
             lines.append(f"note: [networks] description_files: {fname} counts {desc.extra['frozen_params']} frozen "
-                         "parameters but names no frozen layer (frozen_layers, written since this tool names them: "
-                         "describe the module again): its networks train every layer")
+                         "parameters but names none of them (frozen_layers, frozen_parameters, written since this "
+                         "tool names them: describe the module again): its networks train every layer")
     return lines
 
 
