@@ -641,7 +641,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     descs = _described(cfg, args, fp, names)
     described = time.perf_counter()
     preds = fp.predict(descs, batch_sizes)
-    _domain_note(fp, descs, batch_sizes)
+    _domain_note(fp, descs, batch_sizes, shape_noted=True)
     _family_note(fp, descs)
     _one_image_note(descs, batch_sizes, [p["network"] for p in preds if p["batch_size"] == 1 and p["fits"]])
     elapsed, describing = time.perf_counter() - described, described - started
@@ -750,7 +750,8 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
                       "capacity_mb": round(fp.capacity_mb, 3), "latency_ms": round(at["latency_ms"], 3) if at else None,
                       "memory_mb": round(at["memory_mb"], 3) if at else None})
     # the batch sizes found may lie beyond the trained ones; where none fits, batch 1 was the last query
-    _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
+    _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1],
+                 shape_noted=True)
     ones = [d for d, f in zip(descs, found) if f["max_batch_size"] == 1]
     _one_image_note(ones, [1], [d.name for d in ones])  # the largest batch that fits: 1
     if args.json:
@@ -886,18 +887,20 @@ def _ensemble_note(fp: object) -> None:
 
 def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
     """Warn about networks described at none of the input shapes of the fingerprint's training networks."""
-    other = sorted({d.name for d in descs if not fp.at_training_shape(d)})
-    if other:
-        trained_at = " or ".join(map(shape_text, fp.input_shapes))
-        notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
-                    f"shape than this fingerprint's training networks ({trained_at}): expect larger errors",
-                    style="yellow", markup=False)
+    line = fp.shape_line(descs)  # outside_training's line too
+    if line:
+        notes.print(f"note: {line}: expect larger errors", style="yellow", markup=False)
 
 
-def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[int]) -> None:
-    """Say which queries leave what the predictor's training rows covered (every predictor that stored them)."""
+def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[int],
+                 shape_noted: bool = False) -> None:
+    """Say which queries leave what the predictor's training rows covered (every predictor that stored them), and
+    which are described at another input shape than its training networks unless ``shape_noted`` (``_shape_note``
+    said it before)."""
     outside = getattr(fp, "outside_training", None)
     lines = outside(descs, batch_sizes) if outside else []
+    if shape_noted:
+        lines = [line for line in lines if line != fp.shape_line(descs)]
     if lines:
         notes.print("note: outside this fingerprint's training data, expect larger errors:\n  "
                     + "\n  ".join(lines), style="yellow", markup=False)

@@ -521,6 +521,29 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
             load_predictor(out, kind).predict_module(_cnn(8, 3), [3, 32, 32], [4], name="mine")
 
 
+def test_outside_training_names_a_query_at_another_input_shape_on_every_predictor(fitted, tmp_path, capsys):
+    """outside_training said the MACs range and batch sizes alone: a description at another input shape than the
+    training networks' got no word (one as small as a training network's at the shape: none at all). It says it
+    in the line --stage predict notes; predict itself stays silent (the CLI and compare call it)."""
+    from perf4sight import stages
+    out, descs = fitted
+    small = describe(_cnn(4, 1), [3, 20, 20], name="small", network="shallow")  # inside the MACs range
+    line = "small described at another input shape than this fingerprint's training networks (3x16x16)"
+    path = save_description(small, tmp_path / "small.json")
+    for kind in ("trees", "gnn", "ensemble"):
+        fp = load_predictor(out, kind)
+        assert fp.outside_training([small, descs["deep_w8"]], [4]) == [line], kind
+        assert fp.outside_training(path, 4) == [line], kind  # a description file as well
+        assert fp.outside_training(descs["deep_w8"], [4]) == [], kind
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fp.predict(small, 4)
+    # --stage predict says it once: its shape note, not again among the domain's lines
+    stages._shape_note(fp, [small])
+    stages._domain_note(fp, [small], [4], shape_noted=True)
+    assert " ".join(capsys.readouterr().err.split()).count("described at another input shape") == 1
+
+
 def test_the_fingerprint_stages_folder_names_its_device_folders(fitted, tmp_path):
     """load_fingerprint("fingerprinting"), the folder above the README's fingerprinting/local, said "no fingerprint
     here (need metadata.json and models.npz; run the fingerprint stage)", as if none had been fitted."""

@@ -199,6 +199,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     assert analytic_part(tmp_path, cached[48], 2) > analytic_part(tmp_path, cached[32], 2)
     assert ("resnet18, resnet18_l0 described at another input shape than this fingerprint's training networks "
             "(3x32x32): expect larger errors") in " ".join(at_48.stderr.split())
+    assert " ".join(at_48.stderr.split()).count("described at another input shape") == 1  # not again in the domain's
     gray = here("--stage", "predict", "--network", str(tmp_path / "models" / manifest[0]["path"]),
                 "--batch-size", "2", "--input-shape", "1", "32", "32")
     assert gray.returncode == 2 and gray.stderr.strip().splitlines()[-1].startswith(

@@ -62,13 +62,13 @@ class GNNPredictor(ModuleQueries):
 
     def outside_training(self, descs: Any, batch_sizes: int | Sequence[int]) -> list[str]:
         """As :meth:`perf4sight.fingerprint.predict.Fingerprint.outside_training`, on the GNN's training rows
-        (empty for a GNN fitted before they were stored)."""
+        (the input shape's line alone for a GNN fitted before they were stored)."""
         from perf4sight.features.aggregate import network_features
         from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
         descs = as_descriptions(descs, (NetworkDescription,), caller="outside_training")
-        return query_notes(self.metadata.get("training_domain"), [network_features(d, self.runtime) for d in descs],
-                           bss)
+        return list(filter(None, [self.shape_line(descs)])) + query_notes(
+            self.metadata.get("training_domain"), [network_features(d, self.runtime) for d in descs], bss)
 
     def predict_array(self, descs: Sequence[NetworkDescription], bss: list[int]) -> np.ndarray:
         """[len(descs) * len(bss), 2] latency (ms) and memory (MiB), network-major."""

@@ -302,6 +302,17 @@ class ModuleQueries:
         shape = getattr(net.description if isinstance(net, NetworkFeatures) else net, "input_shape", None)
         return not self.input_shapes or shape is None or list(shape) in self.input_shapes
 
+    def shape_line(self, descs: Sequence[NetworkDescription | NetworkFeatures]) -> str:
+        """One line naming the networks of ``descs`` (descriptions or their features; the first 5, sorted) described at
+        none of :attr:`input_shapes`, e.g. ``mine described at another input shape than this fingerprint's training
+        networks (3x224x224)``; '' where every one is at a training shape. ``--stage predict`` notes it (with
+        "expect larger errors"); :meth:`outside_training` returns it among its lines."""
+        other = sorted({d.name for d in descs if not self.at_training_shape(d)})
+        if not other:
+            return ""
+        return (f"{', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input shape than this "
+                f"fingerprint's training networks ({' or '.join(map(shape_text, self.input_shapes))})")
+
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
                        name: str | None = None) -> list[dict[str, Any]]:
         """Predict for a torch ``nn.Module`` at ``input_shape`` (``[C, H, W]`` of one image, no batch),
@@ -435,13 +446,15 @@ class Fingerprint(ModuleQueries):
 
     def outside_training(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                          batch_sizes: int | Sequence[int]) -> list[str]:
-        """One line per way these queries leave what the training rows covered (a batch size or a size
-        outside their range, a kind of layer none of them had or all of them had): those predictions are
-        extrapolations. Empty for a fingerprint fitted before the domain was stored."""
+        """One line per way these queries leave what the training rows covered (an input shape none of them was
+        described at, :meth:`shape_line`; a batch size or a size outside their range, a kind of layer none of them
+        had or all of them had): those predictions are extrapolations. Only the input shape's line for a
+        fingerprint fitted before the domain was stored."""
         from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
         nets = [self._features(d) for d in as_descriptions(descs, caller="outside_training")]
-        return query_notes(self.metadata.get("training_domain"), nets, bss)
+        return list(filter(None, [self.shape_line(nets)])) + query_notes(self.metadata.get("training_domain"), nets,
+                                                                         bss)
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path,
                        limit: int = BATCH_SEARCH_LIMIT) -> int | None:
