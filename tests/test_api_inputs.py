@@ -538,6 +538,11 @@ def test_outside_training_names_a_query_at_another_input_shape_on_every_predicto
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             fp.predict(small, 4)
+    # a fingerprint stored before the domain and input_shapes were (input_shape alone): the shape's line alone
+    import shutil
+    older = shutil.copytree(out, tmp_path / "older")
+    _edit_metadata(older, lambda m: [m.pop(k) for k in ("training_domain", "input_shapes")])
+    assert load_fingerprint(older).outside_training([small], [4, 10**6]) == [line]
     # --stage predict says it once: its shape note, not again among the domain's lines
     stages._shape_note(fp, [small])
     stages._domain_note(fp, [small], [4], shape_noted=True)
