@@ -13,29 +13,22 @@ refused by name.
 """
 from __future__ import annotations
 
-import operator
 from typing import Any, Optional
 
 import torch
 import torch.fx as fx
 
 from perf4sight.ir.fx_values import _arg, _shape_value
+from perf4sight.ir.torch_patterns import _shape_read
 
 __all__ = ["coordinate_channels"]
 
 
 def _size_source(a: Any) -> Optional[fx.Node]:
-    """The tensor whose size ``a`` reads (``x.shape[2]``, ``x.size(0)``, ``x.size()[3]``); None for a number or
-    anything else."""
-    while isinstance(a, fx.Node) and a.op == "call_function" and a.target is operator.getitem:
-        a = a.args[0]
-    if not isinstance(a, fx.Node):
-        return None
-    if a.op == "call_function" and a.target is getattr and a.args[1] == "shape":
-        return a.args[0]
-    if a.op == "call_method" and a.target == "size":
-        return a.args[0]
-    return None
+    """The [N, C, H, W] tensor one of whose sizes ``a`` reads (``x.shape[2]``, ``x.size(0)``, ``x.size()[3]``:
+    :func:`perf4sight.ir.torch_patterns._shape_read`); None for a number or anything else."""
+    read = _shape_read(a)
+    return read[0] if read is not None and len(read[1]) == 1 else None
 
 
 def _sizes(n: fx.Node) -> list[Any]:
