@@ -416,38 +416,33 @@ class FrozenBatchNorm2d(nn.Module):
         return x * scale + shift
 
 
-def _weight_normed(module: nn.Module, form: Optional[str]) -> nn.Module:
-    """``module`` (an ``nn.Conv2d`` or ``nn.Linear``) with its weight normalised as a conv2d's or a linear's
-    ``weight_norm`` says, by torch's own function (dim 0): its parametrization (torch 2.1 on: the parameters
-    ``parametrizations.weight.original0`` (g) and ``original1`` (v)) or its older hook (``weight_g``, ``weight_v``;
-    the weight it last computed held by the layer between steps). Where torch has no such parametrization (torch
-    1.10), the hook stands for it: the same kernels, the last weight held the more."""
-    if form is None:
-        return module
-    made = getattr(getattr(nn.utils, "parametrizations", None), "weight_norm", None)
+def _by_torch(module: nn.Module, form: str, function: str, *args: Any) -> nn.Module:
+    """``module`` with its weight reparametrised by torch's own ``function`` (``weight_norm``, ``spectral_norm``) of
+    ``args``: its parametrization (``nn.utils.parametrizations``) where ``form`` says so and torch has it, else its
+    older hook (``nn.utils``; torch 2's FutureWarning for it silenced): the same kernels, the weight it last computed
+    held by the layer between steps."""
+    made = getattr(getattr(nn.utils, "parametrizations", None), function, None)
     if form == "parametrization" and made is not None:
-        return made(module, "weight", dim=0)
+        return made(module, "weight", *args)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch 2's FutureWarning: the hook, the older of the two
-        return nn.utils.weight_norm(module, "weight", dim=0)
+        warnings.simplefilter("ignore")
+        return getattr(nn.utils, function)(module, "weight", *args)
 
 
 def _normed(module: nn.Module, a: Dict[str, Any]) -> nn.Module:
-    """``module`` with its weight computed as a conv2d's or a linear's attrs say: ``weight_norm``
-    (:func:`_weight_normed`), or ``spectral_norm`` by torch's own function, dim 0: its parametrization (torch 1.10
+    """``module`` (an ``nn.Conv2d`` or ``nn.Linear``) with its weight computed as a conv2d's or a linear's attrs
+    say, by torch's own function, over dim 0 (:func:`_by_torch`): ``weight_norm``, its parametrization (torch 2.1 on:
+    the parameters ``parametrizations.weight.original0`` (g) and ``original1`` (v); torch 1.10 has none, the hook
+    stands for it) or its hook (``weight_g``, ``weight_v``); or ``spectral_norm``, its parametrization (torch 1.10
     on: the parameter ``parametrizations.weight.original``, the buffers ``parametrizations.weight.0._u`` and ``_v``)
-    or its older hook (``weight_orig``, ``weight_u``, ``weight_v``; the weight it last computed held by the layer),
-    ``spectral_norm_iterations`` power iterations a training forward, ``spectral_norm_eps``."""
-    form = a.get("spectral_norm")
-    if form is None:
-        return _weight_normed(module, a.get("weight_norm"))
-    iterations, eps = int(a.get("spectral_norm_iterations", 1)), float(a.get("spectral_norm_eps", 1e-12))
-    made = getattr(getattr(nn.utils, "parametrizations", None), "spectral_norm", None)
-    if form == "parametrization" and made is not None:
-        return made(module, "weight", iterations, eps, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return nn.utils.spectral_norm(module, "weight", iterations, eps, 0)
+    or its hook (``weight_orig``, ``weight_u``, ``weight_v``), ``spectral_norm_iterations`` power iterations a
+    training forward, ``spectral_norm_eps``."""
+    if a.get("spectral_norm") is not None:
+        return _by_torch(module, a["spectral_norm"], "spectral_norm", int(a.get("spectral_norm_iterations", 1)),
+                         float(a.get("spectral_norm_eps", 1e-12)), 0)
+    if a.get("weight_norm") is not None:
+        return _by_torch(module, a["weight_norm"], "weight_norm", 0)
+    return module
 
 
 def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
