@@ -90,19 +90,29 @@ def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:
     are not copied; ``gm`` is left as it is). The weight torch.nn.utils.weight_norm's (or spectral_norm's) hook last
     computed on a layer (a tensor autograd made, which torch will not deep-copy) is an empty one too: the hook
     computes it again."""
-    from torch.nn.utils.spectral_norm import SpectralNorm
-    from torch.nn.utils.weight_norm import WeightNorm
-
     memo: dict[int, Any] = {}
     for t in (*gm.parameters(), *gm.buffers()):
         empty = torch.empty_like(t, device="meta")
         memo[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
-    for m in gm.modules():
+    for w in hook_computed_weights(gm):
+        memo[id(w)] = torch.empty_like(w, device="meta")
+    return copy.deepcopy(gm, memo)
+
+
+def hook_computed_weights(root: nn.Module) -> list[torch.Tensor]:
+    """The weights torch.nn.utils.weight_norm's and spectral_norm's hooks last computed on ``root``'s layers: each
+    held by its layer between forwards, a tensor autograd made after the first (which torch will not deep-copy:
+    "Only Tensors created explicitly by the user ..."); the hook computes it again at the layer's next forward."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    found = []
+    for m in root.modules():
         for hook in m._forward_pre_hooks.values():
             w = getattr(m, hook.name, None) if isinstance(hook, (WeightNorm, SpectralNorm)) else None
             if isinstance(w, torch.Tensor):
-                memo[id(w)] = torch.empty_like(w, device="meta")
-    return copy.deepcopy(gm, memo)
+                found.append(w)
+    return found
 
 
 def _root_message(exc: BaseException) -> str:

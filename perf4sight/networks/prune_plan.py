@@ -34,6 +34,7 @@ import torch_pruning as tp
 from torch import nn
 
 from perf4sight.ir.from_torch import run_on_meta
+from perf4sight.ir.torch_trace import hook_computed_weights
 
 __all__ = ["Dep", "Unit", "CoupledGroup", "is_grouped_conv", "find_groups", "set_limits", "removal", "cut",
            "make_counter", "prune_grouped_in_channels", "followed_groups", "UNFOLLOWED", "to_meta_keeping_ties"]
@@ -593,15 +594,7 @@ def module_copy(module: nn.Module) -> nn.Module:
     """``copy.deepcopy(module)``, the weight that torch.nn.utils.weight_norm's (or spectral_norm's) hook last
     computed on a layer (a tensor autograd made, which torch will not deep-copy: "Only Tensors created explicitly by
     the user ...") copied detached: the hook computes it again at the layer's next forward."""
-    from torch.nn.utils.spectral_norm import SpectralNorm
-    from torch.nn.utils.weight_norm import WeightNorm
-
-    memo: dict[int, Any] = {}
-    for m in module.modules():
-        for hook in m._forward_pre_hooks.values():
-            w = getattr(m, hook.name, None) if isinstance(hook, (WeightNorm, SpectralNorm)) else None
-            if isinstance(w, torch.Tensor) and not w.is_leaf:
-                memo[id(w)] = w.detach().clone()
+    memo: dict[int, Any] = {id(w): w.detach().clone() for w in hook_computed_weights(module) if not w.is_leaf}
     return copy.deepcopy(module, memo)
 
 
