@@ -298,3 +298,19 @@ def test_frozen_parameters_of_function_calls_and_of_torch_s_attention_are_named_
     real = from_torch._frozen_parameters
     monkeypatch.setattr(from_torch, "_frozen_parameters", lambda *a: real(*a) + ["fc.gain"])
     assert from_torch.describe(net, [3, 8, 8], "fc").extra["frozen_parameters"] == names
+
+
+@pytest.mark.parametrize("key", ["frozen_layers", "frozen_parameters"])
+def test_a_frozen_key_of_null_is_refused_in_one_line_not_a_crash_of_the_rebuild(key):
+    """A description file whose frozen_layers or frozen_parameters is null (JSON's null, written by hand or by a tool
+    of the user's) was taken by the schema's check, which skipped a None, and crashed the module's rebuild
+    (``TypeError: 'NoneType' object is not iterable``: the networks stage, the profile child). It is refused where
+    the file is read, in one line naming the key."""
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import NetworkDescription
+
+    said = {"frozen_layers": "a list of node names", "frozen_parameters": "a list of 'node.parameter' names"}[key]
+    desc = describe(_plain(), SHAPE, "nul").to_dict()
+    with pytest.raises(UserError, match=rf"^x\.json: {key} must be {said}, got None$"):
+        NetworkDescription.from_dict({**desc, key: None}, "x.json")

@@ -1006,7 +1006,7 @@ class NetworkDescription:
                    params=int(d.get("params", 0)), nodes=nodes, output=str(d["output"]),
                    pruning_level=d.get("pruning_level", 0), extra=extra)
         frozen = extra.get(FROZEN_LAYERS)
-        if frozen is not None:
+        if FROZEN_LAYERS in extra:  # (null too: a list or nothing, as the rebuild reads it)
             named = {n.name: n for n in nodes}
             if not isinstance(frozen, list) or not all(isinstance(f, str) for f in frozen):
                 raise UserError(f"{where}: {FROZEN_LAYERS} must be a list of node names, got {frozen!r}")
@@ -1014,7 +1014,7 @@ class NetworkDescription:
             if bad:
                 raise UserError(f"{where}: {FROZEN_LAYERS} names '{bad[0]}', which is not a node with parameters")
         parameters = extra.get(FROZEN_PARAMETERS)
-        if parameters is not None:
+        if FROZEN_PARAMETERS in extra:
             owners = [n.name for n in nodes if node_params(n)]
             if not isinstance(parameters, list) or not all(isinstance(f, str) for f in parameters):
                 raise UserError(f"{where}: {FROZEN_PARAMETERS} must be a list of 'node.parameter' names, "
