@@ -179,3 +179,48 @@ def test_a_split_of_a_map_named_unbind_is_a_split(described):
     renamed = NetworkDescription.from_dict(d)
     assert "unbind" in [n.name for n in renamed.nodes]
     assert network_features(renamed).static == network_features(described["three"]).static
+
+
+class _PieceTwice(nn.Module):
+    """A map's channels taken apart (a chunk of four, or an unbind) and put back together with some pieces read
+    twice and others not at all: ``twice`` indexes the call's tuple again for each read (``p[0]`` twice, ``p[0]``
+    and ``p[-8]``: two fx nodes of one piece), ``once`` reads each piece's one node twice."""
+
+    def __init__(self, how: str, reads: str) -> None:
+        super().__init__()
+        self.how, self.reads = how, reads
+        self.a, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.a(x)
+        if self.how == "chunk":
+            p = x.chunk(4, 1)
+            picks = [p[i % 2] for i in range(4)] if self.reads == "twice" else [p[0], p[1]] * 2
+            y = torch.cat(picks, 1)
+        else:
+            p = x.unbind(1)
+            picks = [p[i] for i in range(4)] + [p[i - 8] for i in range(4)] if self.reads == "twice" else \
+                [p[i] for i in range(4)] * 2
+            y = torch.stack(picks, 1)
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("how", ["chunk", "unbind"])
+def test_a_piece_read_by_two_nodes_has_its_gradients_added_as_torch_adds_them(how):
+    """Two nodes of one piece of a split or unbind (``p[0]`` indexed twice, or ``p[0]`` and ``p[-8]``) are one tensor
+    in torch, whose two gradients are added before the call's cat or stack: the features counted no add (2 kernels
+    fewer for the chunk, 4 for the unbind, than the same network reading each piece's one node twice, whose backward
+    torch runs alike), and the allocation model let both gradients arrive as two pieces' (the unread pieces' zeros
+    and the adds left out: 92 events against the trace's 108 and 124). Now the kernels are those of the one-node
+    network, and the allocation model leaves the network to the meta trace."""
+    twice, once = _PieceTwice(how, "twice"), _PieceTwice(how, "once")
+    ran = _backward_ops(twice)
+    assert ran == _backward_ops(once) and ran.count("add") == {"chunk": 2, "unbind": 4}[how]
+    d_twice, d_once = describe(twice, [3, 8, 8], "twice"), describe(once, [3, 8, 8], "once")
+    assert len([n for n in d_twice.nodes if n.op in ("narrow", "select")]) == {"chunk": 4, "unbind": 8}[how]
+    assert network_features(d_twice).static["kernels_bwd"] == network_features(d_once).static["kernels_bwd"]
+    assert kernel_table(d_twice, "sgd").launches == kernel_table(d_once, "sgd").launches
+    with pytest.raises(UserError, match="a piece of a split or unbind taken twice"):
+        record_events(d_twice, 3, method="model")
+    assert _as_replayed(record_events(d_twice, 3, steps=2)) == _as_replayed(
+        record_events(d_twice, 3, steps=2, method="trace"))

@@ -1135,7 +1135,8 @@ def _view_op(ctx: _OpContext) -> _Value:
         strides = list(x.strides or _strides(full_in))
         del strides[d]
         if ctx.splits is not None and unbind_group(n) is not None:  # a piece of one unbind: its stack gathers it
-            fn = _gathered_by(ctx, ("unbind", *unbind_group(n)), "aten.stack.default", full_in[d])
+            fn = _gathered_by(ctx, ("unbind", *unbind_group(n)), "aten.stack.default", full_in[d],
+                              int(n.attrs["index"]) % full_in[d])
         else:
             fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.select_backward.default"], any_strides=True)
         return _Value(ctx.mem.hold(x.sid), nbytes, fn, view=True, strides=_normal(full_out, tuple(strides)))
@@ -1156,17 +1157,21 @@ def _split_piece(ctx: _OpContext, group: tuple) -> _Value:
     which gathers every piece's gradient (:attr:`_GradFn.gathers`) into the input's (``cat``), as
     ``alloc_composite._chunked``'s."""
     x = ctx.x
-    fn = _gathered_by(ctx, group, "aten.cat.default", len(group[2]))
+    fn = _gathered_by(ctx, group, "aten.cat.default", len(group[2]), int(ctx.node.attrs["start"]))
     strides = x.strides or _strides(ctx.full_in)
     return _Value(ctx.mem.hold(x.sid), ctx.nbytes, fn, view=True, strides=_normal(ctx.full_out, strides))
 
 
-def _gathered_by(ctx: _OpContext, group: tuple, kernel: str, pieces: int) -> int:
+def _gathered_by(ctx: _OpContext, group: tuple, kernel: str, pieces: int, place: int) -> int:
     """The autograd node of a piece of the call ``group`` (a split's, or an unbind's: a select of ``unbind``, rebuilt
     as one unbind call), whose gradient is handed on to the call's one node (made at its first piece,
     ``ctx.splits``), which gathers its ``pieces`` pieces' gradients into the input's (``kernel``: a ``cat``, a
-    ``stack``)."""
+    ``stack``). ``place``: where the piece starts along the dim; a second node of one piece (``p[0]`` read twice, or
+    as ``p[-8]``: one tensor, whose gradients torch adds up before the gather) is left to the trace."""
     x = ctx.x
+    if (group, place) in ctx.splits:
+        raise NotCovered("a piece of a split or unbind taken twice")
+    ctx.splits[(group, place)] = True
     if group not in ctx.splits:
         ctx.splits[group] = ctx.grad_fn([], [_edge(x)], [x.nbytes], [kernel], out_shape=ctx.full_in,
                                         shapes=[ctx.full_in], any_strides=True, gathers=pieces)

@@ -183,7 +183,8 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
     make of it alone) receives no gradients to add up, and neither does a where's condition read (its compared inputs:
     :func:`_condition_reads`) nor a read by a node no gradient reaches (``Visit.trained``: a dead branch's); the
     pieces of one split (narrows of ``split_sizes``) or unbind (selects of ``unbind``) hand it one gradient, their
-    cat's or stack's (:func:`split_gathers`)."""
+    cat's or stack's (:func:`split_gathers`), and two nodes of one piece (``p[0]`` indexed twice) are one tensor,
+    whose gradients are added first (counted at the first node)."""
     visits = list(visits)
     needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
     conditions = _condition_reads(desc)
@@ -192,8 +193,15 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
         if not visit.trained:
             for name in _gradient_inputs(visit.node):
                 counts[name] -= 1
-    for pieces in _trained_splits(visits).values():  # a split's or an unbind's pieces: one gradient, its cat's
+    shapes = {visit.node.name: visit.node.output_shape for visit in visits}
+    for group, pieces in _trained_splits(visits).items():  # a split's or an unbind's pieces: one gradient, its cat's
         counts[pieces[0].inputs[0]] -= len(pieces) - 1
+        first: dict[int, str] = {}  # two nodes of one piece (p[0] read twice, or as p[-8]): one tensor, its grads added
+        for piece, at in zip(pieces, _piece_places(group, pieces, shapes[pieces[0].inputs[0]])[1]):
+            if at in first:
+                counts[first[at]] += 1
+            else:
+                first[at] = piece.name
     return {name: k - 1 for name, k in counts.items() if k > 1 and needs_grad[name]}
 
 
@@ -235,15 +243,22 @@ def split_gathers(visits: Iterable[Visit]) -> list[tuple[float, float, int]]:
         elems = 1
         for s in shapes[name]:
             elems *= int(s)
-        if pieces[0].op == "select":  # an unbind's: every index of the dim a piece of one element's width
-            dim = group[2]  # counting the batch's; a description file may count it and an index from the end
-            count = int(shapes[name][dim + len(shapes[name]) if dim < 0 else dim - 1])
-            sizes, starts = [1] * count, {i + count if i < 0 else i for i in (int(p.attrs["index"]) for p in pieces)}
-        else:
-            sizes, starts = list(group[2]), {int(p.attrs["start"]) for p in pieces}
+        sizes, places = _piece_places(group, pieces, shapes[name])
+        starts = set(places)
         missing = [s for i, s in enumerate(sizes) if sum(sizes[:i]) not in starts]
         out.append((float(elems), float(elems * sum(missing) / sum(sizes)), len(missing)))
     return out
+
+
+def _piece_places(group: tuple, pieces: list[Node], shape: list[int]) -> tuple[list[int], list[int]]:
+    """The sizes of the pieces of a split or unbind call (``group``: :func:`_piece_group`) whose input is of per-sample
+    ``shape``, and where each of ``pieces`` starts along its dim: an unbind's every index a piece of one element's
+    width, its dim counting the batch's (a description file may count it and an index from the end)."""
+    if pieces[0].op == "select":
+        dim = group[2]
+        count = int(shape[dim + len(shape) if dim < 0 else dim - 1])
+        return [1] * count, [i + count if i < 0 else i for i in (int(p.attrs["index"]) for p in pieces)]
+    return list(group[2]), [int(p.attrs["start"]) for p in pieces]
 
 
 def _condition_reads(desc: NetworkDescription) -> dict[str, int]:
