@@ -1219,6 +1219,24 @@ def test_weight_norm_parametrization_is_rebuilt_by_the_hook_where_torch_has_none
     assert all(torch.allclose(a.grad, b.grad, atol=1e-5) for a, b in zip(old.parameters(), new.parameters()))
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+def test_a_frozen_weight_norm_parameter_stays_frozen_where_the_hook_stands_for_the_parametrization(monkeypatch):
+    """A weight_norm parametrization whose g (or v) is frozen is named in frozen_parameters by the parametrization's
+    name (``parametrizations.weight.original0``); torch 1.10 (a device's) rebuilds the layer by the hook, whose g is
+    ``weight_g``: the rebuild refused the description ("names ..., which is no parameter of the layer rebuilt of its
+    node"), failing the profile's measurement there. The hook's g and v are frozen in their place."""
+    from perf4sight.ir.to_torch import build_module
+
+    net = _Block(parametrizations.weight_norm(nn.Conv2d(8, 8, 3, padding=1)))
+    net.block.parametrizations.weight.original0.requires_grad_(False)
+    desc = describe(net, SHAPE, name="probe")
+    node = desc.nodes[2].name
+    assert desc.extra["frozen_parameters"] == [f"{node}.parametrizations.weight.original0"]
+    monkeypatch.delattr(parametrizations, "weight_norm")
+    old = build_module(desc)
+    assert [n for n, p in old.named_parameters() if not p.requires_grad] == [f"{node}.weight_g"]
+
+
 class _PartlyWeightNormed(nn.Module):
     """Two plain convolutions, one of weight_norm's parametrization (or ``how``), a plain classifier."""
 

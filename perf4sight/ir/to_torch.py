@@ -955,13 +955,22 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     return gm
 
 
+#: weight_norm's parameters as its parametrization names them -> as its hook does, which stands for it where torch
+#: has no parametrization of it (before 2.1: a TX2's 1.10; :func:`_by_torch`)
+_HOOK_FOR_PARAMETRIZATION = {"parametrizations.weight.original0": "weight_g",
+                             "parametrizations.weight.original1": "weight_v"}
+
+
 def _frozen_parameter_of(root: nn.Module, layers: Dict[str, str], entry: str, where: str) -> nn.Parameter:
     """The parameter of the rebuilt module ``root`` a :data:`FROZEN_PARAMETERS` entry names (``node.weight``:
     ``layers`` gives each node's layer); one it does not name is a ``UserError``."""
     found = frozen_parameter(entry, layers)
-    value = getattr(root, layers[found[0]]) if found else None
+    layer = getattr(root, layers[found[0]]) if found else None
+    value = layer
     for part in found[1].split(".") if found else ():
         value = getattr(value, part, None)
+    if found and not isinstance(value, nn.Parameter):  # a weight_norm parametrization's g or v, where the hook
+        value = getattr(layer, _HOOK_FOR_PARAMETRIZATION.get(found[1], ""), None)  # stands for it (torch < 2.1)
     if not isinstance(value, nn.Parameter):
         raise UserError(f"{where}: {FROZEN_PARAMETERS} names '{entry}', which is no parameter of the layer rebuilt of "
                         "its node")
