@@ -287,7 +287,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     assert spare.returncode == 0, spare.stderr
     assert ("parameters that no layer of the forward reads are left out of the description, and so of the "
             "prediction: spare 0.26 M (1 MiB as fp32)") in " ".join(spare.stderr.split())
-    assert "frozen parameters (requires_grad False): spare 224; a description trains every layer" in " ".join(
+    assert "frozen parameters (requires_grad False): spare 224; the prediction trains the others alone" in " ".join(
         spare.stderr.split())
     from perf4sight.stages import _parameter_notes
     _parameter_notes([SimpleNamespace(name="odd", extra={"unused_params": "1000"}),  # a hand-written file's: none

@@ -39,7 +39,8 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     gradient: its bytes)."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
-    pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
+    pedges = [None if ctx.first_param + k in ctx.frozen else ("param", ctx.first_param + k)  # frozen: no gradient
+              for k in range(len(pbytes))]
     if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
         standardised = _standardised_weight(ctx, pbytes[0]) if n.attrs.get("standardize") else None
         if standardised is not None:  # the weight read is the standardised one, kept: its node the parameter's
@@ -75,18 +76,20 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         if len(ctx.in_shapes[0]) != 1:
             return _linear_folded(ctx, pedges, pbytes)
         t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
+        # addmm and mm keep x for the weight's gradient alone (none where the weight is frozen: saved-tensor hooks)
+        kept = [x.sid] if t is not None else []
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
             sid = ctx.alloc("addmm.default")
             fin, fout = n.attrs["in_features"], n.attrs["out_features"]  # each edge's shape: the bias's, x's, w.t()'s
-            return _Value(sid, nbytes, ctx.grad_fn([x.sid], [pedges[1], _edge(x), ("fn", t)],
+            return _Value(sid, nbytes, ctx.grad_fn(kept, [pedges[1], _edge(x), _fn_edge(t)],
                                                    [pbytes[1], x.nbytes, pbytes[0]],
                                                    [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2],
                                                    [nbytes, None, None],
                                                    shapes=[(fout,), tuple(ctx.full_in), (fin, fout)]))
         sid = ctx.alloc("mm.default")  # mm(x, weight.t()): the weight's gradient comes first
         grads = ["aten.mm.default", "aten.mm.default"]
-        edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
-        return _Value(sid, nbytes, ctx.grad_fn([x.sid], edges, sizes, grads, order))
+        edges, sizes, order = [_edge(x), _fn_edge(t)], [x.nbytes, pbytes[0]], [1, 0]
+        return _Value(sid, nbytes, ctx.grad_fn(kept, edges, sizes, grads, order))
     raise NotCovered(f"op '{n.op}'")
 
 
@@ -273,6 +276,8 @@ def _activation(ctx: _OpContext) -> _Value:
         # in place, keeps its result (or a clone of its input: a mish's, a threshold's, a SiLU's, a hardswish's, a
         # hardsigmoid's, ``relu6_clone``'s of ReLU6 and hardtanh)
         rebased = x.view and x.base_fn is not None and x.fn == len(ctx.fns) - 1  # nothing has read the view yet
+        if x.fn is None and not x.view and x.sid not in ctx.mem.saved:  # needs no gradient (a frozen stem's map):
+            return _Value(ctx.mem.hold(x.sid), x.nbytes, None)  # written in place, no autograd node, nothing kept
         if x.fn is None or (x.view and not rebased) or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = _INPLACE_BACKWARD[op]

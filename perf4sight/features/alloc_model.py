@@ -136,6 +136,7 @@ from perf4sight.features.alloc_forward import (_activation, _affine_grid, _alpha
 from perf4sight.features.alloc_repeat import _REPEATED, _repeated
 from perf4sight.features.alloc_values import (_ACTIVATIONS, _VIEWS, ACCUMULATED, FLOAT, Event, NotCovered, _GradFn,
                                               _Memory, _OpContext, _params, _Value, _window_parameters)
+from perf4sight.features.frozen import ALL, frozen_of
 from perf4sight.features.walk import unreached
 from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node, split_group, unbind_group
 from perf4sight.ir.shapes import SIZE_REFERENCES
@@ -226,6 +227,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         moved += _moved_order(n, p, bufs)
     for nbytes in moved:
         mem.new(nbytes, "setup")
+    frozen = _frozen_indices(desc, first_param) if desc.extra else frozenset()
     values: dict[str, _Value] = {}
     fns: list[_GradFn] = []
     users = _last_uses(desc)
@@ -244,7 +246,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         ins = [values[i] for i in n.inputs]
         made = len(fns)
         values[n.name] = _forward(n, ins, [shapes[i] for i in n.inputs], b, mem, fns, first_param[n.name],
-                                  relu6_clone, splits)
+                                  relu6_clone, splits, frozen)
         if n.name in dead:
             branch.made(range(made, len(fns)), values[n.name])
         for name in users.get(n.name, []):
@@ -278,6 +280,31 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
         own = sum(name in ("table", "logit_scale") for name in _window_parameters(n, 0))
         return params[own:] + params[:own] + buffers
     return params + buffers
+
+
+#: The ops whose frozen parameters (``frozen.py``) the model writes down: their edges to a frozen parameter none
+#: (:func:`~perf4sight.features.alloc_forward._with_parameters`); any other's go to the trace.
+_FROZEN_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "linear")
+
+
+def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> frozenset[int]:
+    """The indices of ``desc``'s frozen parameters (``frozen.frozen_of``; ``first_param``: each node's first),
+    which get no gradient; :class:`NotCovered` where one is of a layer :data:`_FROZEN_OPS` leaves out, of a linear
+    layer of N-D input or of a standardised weight."""
+    out: set[int] = set()
+    nodes = {n.name: n for n in desc.nodes}
+    for name, names in frozen_of(desc).items():
+        n = nodes[name]
+        p, _ = _params(n)
+        if n.op not in _FROZEN_OPS or n.attrs.get("standardize") or \
+                n.op == "linear" and len(nodes[n.inputs[0]].output_shape) != 1:
+            raise NotCovered(f"frozen parameters of a {n.op}")
+        for k, role in enumerate(("weight", "bias")[:len(p)]):
+            if ALL in names or role in names:
+                out.add(first_param[name] + k)
+        if not names <= {ALL, "weight", "bias"}:
+            raise NotCovered(f"frozen parameters of a {n.op} named {sorted(names)}")
+    return frozenset(out)
 
 
 def _dead_nodes(desc: NetworkDescription) -> set[str]:
@@ -371,12 +398,14 @@ def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
 
 
 def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory, fns: list[_GradFn],
-             p0: int, relu6_clone: bool = False, splits: dict | None = None) -> _Value:
+             p0: int, relu6_clone: bool = False, splits: dict | None = None,
+             frozen: frozenset = frozenset()) -> _Value:
     """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``, batch ``b``; its
     parameters are ``p0``, ``p0 + 1``...; ``relu6_clone`` as :func:`step_events`'s; ``splits``: the step's split
-    calls so far, :attr:`_OpContext.splits`): its allocations, its autograd node (appended to ``fns``), its value."""
+    calls so far, :attr:`_OpContext.splits`; ``frozen``: the frozen parameters' indices): its allocations, its
+    autograd node (appended to ``fns``), its value."""
     ctx = _OpContext(n, ins, in_shapes, b, mem, fns, p0, ins[0], b * prod(n.output_shape) * FLOAT,  # output bytes
-                     (b, *in_shapes[0]), (b, *n.output_shape), relu6_clone, splits)
+                     (b, *in_shapes[0]), (b, *n.output_shape), relu6_clone, splits, frozen)
     ctx.check_strides()
     handler = _HANDLERS.get(n.op)
     if handler is None:

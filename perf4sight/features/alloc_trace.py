@@ -52,7 +52,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
 from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace, TracedUpdate, collector_paused
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY, adds_decay, optimizer_cost
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import FROZEN_LAYERS, FROZEN_PARAMETERS, NetworkDescription
 from perf4sight.profiling.child import loss_function
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
@@ -77,11 +77,15 @@ def clear_cache() -> None:
 
 
 def _key(desc: NetworkDescription) -> str:
-    """The cache key of ``desc``'s simulation: its content, attributes in any order, as JSON (a description holds no
-    cycle: the encoder's check for one, a third of the encoding's time, is left out; the text is the same)."""
+    """The cache key of ``desc``'s simulation: its content, attributes in any order, and its frozen parameters, as JSON
+    (a description holds no cycle: the encoder's check for one, a third of the encoding's time, is left out; the text
+    is the same)."""
     nodes = [[n.name, n.op, n.inputs, n.attrs, n.output_shape] for n in desc.nodes]
-    blob = json.dumps([desc.input_shape, desc.num_classes, desc.output, nodes], sort_keys=True, default=str,
-                      check_circular=False)
+    parts = [desc.input_shape, desc.num_classes, desc.output, nodes]
+    frozen = [desc.extra.get(k) for k in (FROZEN_LAYERS, FROZEN_PARAMETERS)]
+    if any(frozen):  # its frozen parameters: no gradients, no optimiser state (a key of its own)
+        parts.append(frozen)
+    blob = json.dumps(parts, sort_keys=True, default=str, check_circular=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -266,7 +270,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
 
     # fast: the first step, with a mark wherever a parameter's gradient is accumulated
     hooks = [p.register_post_accumulate_grad_hook(lambda _p, i=i: record((ACCUMULATED, i, 0, "")))
-             for i, p in enumerate(params)]
+             for i, p in enumerate(params) if p.requires_grad]  # a frozen one gets no gradient (and takes no hook)
     with Recorder():
         begin = len(events)
         out = model(x)

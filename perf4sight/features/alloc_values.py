@@ -239,6 +239,7 @@ class _OpContext:
     relu6_clone: bool = False    # an in-place ReLU6 keeps a clone of its input (PyTorch >= 1.10)
     # the step's torch.split calls (schema.split_group) -> the autograd node of each, made at its first piece
     splits: dict | None = None
+    frozen: frozenset = frozenset()  # the indices of the step's frozen parameters (no gradient: alloc_model)
 
     def check_strides(self) -> None:
         """:class:`NotCovered` where a strided input reaches an op that does not take one as it is."""

@@ -42,6 +42,7 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, RE
                                          STANDARDIZE_KERNELS,
                                          hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
+from perf4sight.features.frozen import FrozenSplit
 from perf4sight.features.walk import Visit, gradient_accumulations, split_gathers, trained_params, walk
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params, where_condition_inputs
 
@@ -100,7 +101,7 @@ class _Rows:
             self.rows.append((kind, 0.0, 0.0, 0.0, -1, flops_ps, bytes_ps, bytes_fixed))
 
 
-def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: FrozenSplit | None = None) -> None:
     a = node.attrs
     kh, kw = a["kernel_size"]
     cin, cout, g = int(a["in_channels"]), int(a["out_channels"]), int(a["groups"])
@@ -109,7 +110,8 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     hw_in = numel(in_shape[1:]) if len(in_shape) == 3 else 1
     b_in, b_out = numel(in_shape) * BYTES_PER_ELEMENT, numel(out) * BYTES_PER_ELEMENT
     w_bytes = cout * (cin // g) * kh * kw * BYTES_PER_ELEMENT
-    learnt = not a.get("fixed")  # a fixed one's filter is a buffer (a blur pool's): no weight gradient
+    # a fixed one's filter is a buffer (a blur pool's), a frozen one gets no gradient: no weight gradient
+    learnt = not a.get("fixed") and not (frozen is not None and frozen.weight)
     if g > 1 and g == cin and cout % cin == 0:  # depthwise: own kernels, bandwidth-bound
         macs = float(hw_out * cout * kh * kw)
         r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
@@ -126,9 +128,7 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
                 r.gemm(hw_in, cg_in, cg_out * kh * kw * hw_out / hw_in, 0, (b_in + b_out) / g, w_bytes / g, True)
             if learnt:
                 r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g, True)
-    if a.get("bias"):
-        r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
-        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT, True)  # backward reduction
+    _bias_rows(r, a, hw_out * cout, b_out, frozen)
     _weight_norm_rows(r, a, w_bytes)
     if a.get("standardize"):  # its weight standardised once a step: small kernels over the weight, forward and back
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
@@ -154,7 +154,8 @@ def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
             r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes if back else 0.0, True)
 
 
-def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool,
+                    frozen: FrozenSplit | None = None) -> None:
     """A transposed convolution: the three GEMMs of a conv2d from its output to its input, their roles swapped. Its
     forward is that conv's input gradient (``M = batch*Ho*Wo, N = Cout/g, K = Cin/g*kh*kw*Hi*Wi / (Ho*Wo)``: the
     MACs ``Cin/g x Cout/g x kh x kw x Hi x Wi``), its input gradient that conv's forward (``M = batch*Hi*Wi, N =
@@ -169,18 +170,27 @@ def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> N
     w_bytes = cin * (cout // g) * kh * kw * BYTES_PER_ELEMENT
     if g > 1 and g == cin and cout % cin == 0:
         macs = float(hw_in * cout * kh * kw)
-        for i in range(2 if first else 3):
-            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes, bwd=i > 0)
+        rows = 2 if first else 3  # forward, the input's gradient (not for a first layer), the weight's
+        for i in range(rows):
+            if i < rows - 1 or frozen is None or not frozen.weight:
+                r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes, bwd=i > 0)
     else:
         cg_in, cg_out = cin // g, cout // g
         for _ in range(g):
             r.gemm(hw_out, cg_out, cg_in * kh * kw * hw_in / hw_out, 0, (b_in + b_out) / g, w_bytes / g)
             if not first:
                 r.gemm(hw_in, cg_in, cg_out * kh * kw, 0, (b_in + b_out) / g, w_bytes / g, True)
-            r.gemm(cg_in, cg_out * kh * kw, hw_in, 2, (b_in + b_out) / g, w_bytes / g, True)
+            if frozen is None or not frozen.weight:
+                r.gemm(cg_in, cg_out * kh * kw, hw_in, 2, (b_in + b_out) / g, w_bytes / g, True)
+    _bias_rows(r, a, hw_out * cout, b_out, frozen)
+
+
+def _bias_rows(r: _Rows, a: dict, outputs: float, b_out: float, frozen: FrozenSplit | None) -> None:
+    """A convolution's bias: its add forward, and back the incoming gradient summed (none where it is frozen)."""
     if a.get("bias"):
-        r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
-        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT, True)  # backward reduction
+        r.other(BANDWIDTH, outputs, 2 * b_out, int(a["out_channels"]) * BYTES_PER_ELEMENT)  # forward add
+        if frozen is None or not frozen.bias:  # backward reduction
+            r.other(BANDWIDTH, outputs, b_out, int(a["out_channels"]) * BYTES_PER_ELEMENT, True)
 
 
 def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bool) -> None:
@@ -262,7 +272,7 @@ def _group_attention(r: _Rows, node: Node, first: bool) -> None:
     r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores, bwd=True)  # its backward
 
 
-def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: FrozenSplit | None = None) -> None:
     a = node.attrs
     fin, fout = int(a["in_features"]), int(a["out_features"])
     rows = max(1, numel(node.output_shape) // fout)
@@ -271,8 +281,9 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     r.gemm(rows, fout, fin, 0, b_io, w)
     if not first:
         r.gemm(rows, fin, fout, 0, b_io, w, True)
-    r.gemm(fout, fin, rows, 2, b_io, w, True)
-    if a.get("bias"):  # the bias's gradient, the incoming one summed (forward: addmm adds it)
+    if frozen is None or not frozen.weight:
+        r.gemm(fout, fin, rows, 2, b_io, w, True)
+    if a.get("bias") and (frozen is None or not frozen.bias):  # the bias's gradient, the incoming one summed down
         r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT, True)
     _weight_norm_rows(r, a, w)
 
@@ -496,7 +507,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     for visit in visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
-        r.forward_only = not visit.trained
+        r.forward_only = not (visit.trained and visit.needs_grad)  # no gradient reaches it, or it needs none
         if op in ("select", "narrow") and visit.cost.kernels_bwd:  # its backward: zeros, a copy into them
             _slice_backward(r, ins[0], node.output_shape)
         if op in _VIEWS or hands_input_back(node):
@@ -506,11 +517,11 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         for i in visit.copied_inputs:  # a matmul's inputs copied for its bmm (walk.Visit): read and written
             r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[i]) * BYTES_PER_ELEMENT)
         if op == "conv2d":
-            _conv(r, node, ins[0], first)
+            _conv(r, node, ins[0], first, visit.frozen)
         elif op == "conv_transpose2d":
-            _conv_transpose(r, node, ins[0], first)
+            _conv_transpose(r, node, ins[0], first, visit.frozen)
         elif op == "linear":
-            _linear(r, node, ins[0], first)
+            _linear(r, node, ins[0], first, visit.frozen)
         elif op == "attention":
             _attention(r, node, ins[0], first)
         elif op == "matmul":

@@ -24,6 +24,11 @@ A node whose output no gradient reaches (:func:`untrained_nodes`: a dead branch,
 value read only as a where's condition or for a sort's indices) runs its forward alone, as torch runs it: no backward
 (``Visit.trained`` false), nothing kept, and its parameters get no gradient (``.grad`` stays None), so no optimiser
 state or update either; they exist all the same (``params`` counts them).
+A frozen parameter (``requires_grad`` False, named by the description: ``frozen.py``) gets no gradient either: a node
+whose parameters are all frozen needs a gradient only where an input does (a frozen stem on the network input runs
+no backward, keeps nothing), and one whose input needs it computes that gradient alone (``frozen.frozen_cost``: no
+weight or bias gradient of a frozen convolution or linear layer; ``Visit.frozen`` says what is frozen, for the kernel
+table; :func:`trained_params` leaves frozen parameters out).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, NO_GRADIENT_OPS, OpCost, copied_first
+from perf4sight.features.frozen import FrozenSplit, frozen_cost, frozen_of, frozen_split
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, unbind_group, where_condition_inputs
@@ -62,6 +68,8 @@ class Visit:
     # a gradient reaches the output (False: untrained_nodes', a dead branch: no backward, needs_grad False too, and
     # its parameters no gradient)
     trained: bool = True
+    # what of its layer's parameters is frozen (``frozen.py``: no gradient, no optimiser state), None: nothing
+    frozen: FrozenSplit | None = None
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
@@ -71,6 +79,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
     kernels). An op without a cost formula is taken to need a gradient (it may have parameters). A node no gradient
     reaches (:func:`untrained_nodes`) has no backward cost either, its parameters still counted."""
     untrained = untrained_nodes(desc)
+    frozen = frozen_of(desc)
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}
     grad: dict[str, bool] = {}  # tensor -> it needs a gradient
@@ -92,7 +101,11 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         all_kernels_bwd = 0 if cost is None else cost.kernels_bwd
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
-        grad[node.name] = (cost is None or cost.params > 0 or fed) and node.op not in NO_GRADIENT_OPS  # input: False
+        split = frozen_split(node, frozen.get(node.attrs.get(SHARES, node.name))) if frozen else None
+        if cost is not None and split is not None:  # its frozen parameters' gradients not computed
+            cost = frozen_cost(cost, node, split)
+        trainable = cost is None or cost.params > (split.params if split is not None else 0)
+        grad[node.name] = (trainable or fed) and node.op not in NO_GRADIENT_OPS  # input: False
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
             cost = replace(cost, params=0, param_tensors=0)
         trained = node.name not in untrained
@@ -101,7 +114,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
         yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name] and trained, copies, copied,
-                    all_kernels_bwd, trained)
+                    all_kernels_bwd, trained, split)
 
 
 def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
@@ -163,8 +176,16 @@ def trained_params(visits: Iterable[Visit]) -> tuple[float, int]:
     calls is trained (``Visit.trained``; its first call's node counts them, later ones ``share`` them)."""
     visits = list(visits)
     trained = {v.node.attrs.get(SHARES, v.node.name) for v in visits if v.trained}
-    owned = [v.cost for v in visits if v.cost is not None and SHARES not in v.node.attrs and v.node.name in trained]
-    return float(sum(c.params for c in owned)), int(sum(c.param_tensors for c in owned))
+    owned = [v for v in visits if v.cost is not None and SHARES not in v.node.attrs and v.node.name in trained]
+    return (float(sum(v.cost.params - (v.frozen.params if v.frozen else 0) for v in owned)),
+            int(sum(v.cost.param_tensors - _frozen_tensors(v) for v in owned)))
+
+
+def _frozen_tensors(v: Visit) -> int:
+    """The parameter tensors of ``v``'s layer that are frozen (all of them where it is frozen whole)."""
+    if v.frozen is None:
+        return 0
+    return v.cost.param_tensors if v.frozen.whole else min(v.frozen.tensors, v.cost.param_tensors)
 
 
 def consumer_counts(desc: NetworkDescription) -> dict[str, int]:

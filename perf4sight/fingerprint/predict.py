@@ -34,7 +34,8 @@ from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import (FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models,
                                             reading)
 from perf4sight.fingerprint.trees import Model
-from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
+from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, STRUCTURE_VERSION, NetworkDescription,
+                                  load_description)
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import MAX_BATCH_SIZE
 from perf4sight.wording import named, plural
@@ -246,18 +247,28 @@ def _check_finite(row: dict[str, Any]) -> None:
 def parameter_notes(descs: Sequence[NetworkDescription]) -> list[str]:
     """A line for the descriptions whose module held parameters that no layer of its forward reads (``describe``
     counts them as ``unused_params``): left out of the description and so of the prediction, though their weights
-    sit on the device; and one for those that held frozen ones (``frozen_params``), which the prediction trains."""
+    sit on the device; and one for those that held frozen ones (``frozen_params``): the prediction leaves those its
+    description names (``frozen_layers``, ``frozen_parameters``) untrained, from a fingerprint fitted on networks
+    trained whole (an extrapolation), and trains those of an older description that names none."""
     lines = []
     unused = _counted(descs, "unused_params", lambda n: f" ({n * 4 / 2 ** 20:.0f} MiB as fp32)")
     if unused:
         lines.append(f"parameters that no layer of the forward reads are left out of the description, and so of the "
                      f"prediction: {named(unused)}; their weights still take device memory (without gradients or "
                      "optimiser state)")
-    frozen = _counted(descs, "frozen_params")
+    named_frozen = [d for d in descs if d.extra.get(FROZEN_LAYERS) or d.extra.get(FROZEN_PARAMETERS)]
+    frozen = _counted(named_frozen, "frozen_params")
+    older = [d for d in descs if all(d is not n for n in named_frozen)]
     if frozen:
-        lines.append(f"frozen parameters (requires_grad False): {named(frozen)}; a description trains every layer, so "
-                     "the prediction is of a step that trains them too (their gradients, optimiser state and backward "
-                     "work included)")
+        lines.append(f"frozen parameters (requires_grad False): {named(frozen)}; the prediction trains the others "
+                     "alone (no gradients, optimiser state or weight-gradient work for these, no backward below the "
+                     "first trained layer), but the fingerprint learnt from networks trained whole: expect larger "
+                     "errors")
+    unnamed = _counted(older, "frozen_params")
+    if unnamed:
+        lines.append(f"frozen parameters (requires_grad False): {named(unnamed)}; the description names none of them "
+                     "(frozen_layers, frozen_parameters: written before), so the prediction is of a step that trains "
+                     "them too (their gradients, optimiser state and backward work included)")
     return lines
 
 

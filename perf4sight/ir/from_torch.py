@@ -366,7 +366,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
                             "training-only layers (e.g. aux_logits=False)")
         desc.extra["unused_params"] = unused
     frozen = sum(p.numel() for p in module.parameters() if not p.requires_grad)
-    if frozen:  # a description trains every layer it has: a step that freezes some is predicted as one that does not
+    if frozen:  # counted and named: the rebuilt module, the profile's step and the prediction leave them untrained
         desc.extra["frozen_params"] = frozen
         layers = _frozen_layers(module, gm, desc)
         if layers:  # which: to_torch freezes them again (a pruned level of a rebuilt description keeps them frozen)

@@ -1,0 +1,124 @@
+"""Which parameters of a description a training step leaves untrained (frozen: ``requires_grad`` False).
+
+A description names them (``schema.FROZEN_LAYERS``: nodes whose layer is frozen whole; ``schema.FROZEN_PARAMETERS``:
+``node.parameter`` entries, a layer frozen in part or a parameter a function call reads), and the step torch runs
+honours them: a frozen parameter gets no gradient (``.grad`` stays None), so no optimiser state and no update; an op
+none of whose inputs needs a gradient and whose parameters are all frozen makes no autograd node (it keeps nothing
+and runs no backward: a frozen stem on the input image), and one whose input needs a gradient computes that
+gradient alone (no weight gradient). :func:`frozen_of` reads the description; :func:`frozen_split` sizes what is
+frozen of one node's layer. A parameter whose size this module does not know by its name (a weight-normed layer's
+``weight_g``, an attention's projections) is taken as trained, as every parameter was before.
+"""
+from __future__ import annotations
+
+from perf4sight.ir.schema import FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter, \
+    node_params
+
+__all__ = ["ALL", "frozen_of", "frozen_split", "FrozenSplit"]
+
+#: The name standing for every parameter of a layer frozen whole.
+ALL = "*"
+#: Ops whose layer has a ``weight`` and, where it has one, a ``bias``, each of a size :func:`_sizes` knows.
+_WEIGHT_BIAS = ("conv2d", "conv_transpose2d", "linear", "batchnorm2d", "groupnorm", "instancenorm", "layernorm")
+#: Ops whose layer has one parameter tensor, ``weight``.
+_ONE_TENSOR = ("rmsnorm", "prelu", "scale", "shift", "token", "weighted_sum")
+
+
+def frozen_of(desc: NetworkDescription) -> dict[str, frozenset[str]]:
+    """The frozen parameters of ``desc`` by the node that owns them (a later call of a layer, ``shares``, goes by its
+    first call's node): :data:`ALL` for a layer frozen whole, else the parameters' names (``weight``, ``bias``)."""
+    out: dict[str, set[str]] = {}
+    by_name = {n.name: n for n in desc.nodes}
+    for name in desc.extra.get(FROZEN_LAYERS, ()) or ():
+        node = by_name.get(name)
+        if node is not None:
+            out.setdefault(node.attrs.get(SHARES, name), set()).add(ALL)
+    for entry in desc.extra.get(FROZEN_PARAMETERS, ()) or ():
+        found = frozen_parameter(str(entry), by_name)
+        if found is not None:
+            out.setdefault(by_name[found[0]].attrs.get(SHARES, found[0]), set()).add(found[1])
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+class FrozenSplit:
+    """What is frozen of one layer: ``params`` and ``tensors`` (counts), whether its ``weight`` and its ``bias``
+    are, and whether all its parameters are (``whole``)."""
+
+    __slots__ = ("params", "tensors", "weight", "bias", "whole")
+
+    def __init__(self, params: int, tensors: int, weight: bool, bias: bool, whole: bool) -> None:
+        self.params, self.tensors, self.weight, self.bias, self.whole = params, tensors, weight, bias, whole
+
+
+def _sizes(node: Node) -> dict[str, int] | None:
+    """The size of each parameter of ``node``'s layer by its name, or None where this module does not know them."""
+    a, total = node.attrs, node_params(node)
+    if a.get("weight_norm") or a.get("spectral_norm"):
+        return None
+    if node.op in _WEIGHT_BIAS:
+        if node.op in ("conv2d", "conv_transpose2d"):
+            bias = int(a["out_channels"]) if a.get("bias") else 0
+        elif node.op == "linear":
+            bias = int(a["out_features"]) if a.get("bias") else 0
+        else:  # a norm's weight and bias, of one size each
+            bias = total // 2
+        return {"weight": total - bias, **({"bias": bias} if bias else {})} if total else {}
+    if node.op in _ONE_TENSOR:
+        return {"weight": total} if total else {}
+    return None
+
+
+def frozen_split(node: Node, names: frozenset[str] | None) -> FrozenSplit | None:
+    """What of ``node``'s layer ``names`` (:func:`frozen_of`'s entry for it) freezes; None where nothing is (or
+    nothing this module can size: a layer frozen in part whose parameters' sizes it does not know)."""
+    if not names:
+        return None
+    total = node_params(node)
+    sizes = _sizes(node)
+    if ALL in names:
+        tensors = len(sizes) if sizes is not None else 0
+        return FrozenSplit(total, tensors, True, True, True) if total else None
+    if sizes is None:
+        return None
+    known = [k for k in names if k in sizes]
+    if not known:
+        return None
+    params = sum(sizes[k] for k in known)
+    whole = len(known) == len(sizes)
+    return FrozenSplit(params, len(known), "weight" in known, "bias" in known or "bias" not in sizes and whole, whole)
+
+
+#: Ops whose weight's and bias's gradients :func:`frozen_cost` takes out of the backward (the others keep theirs:
+#: a norm's fused backward kernel computes the input's gradient with them).
+_GRADIENTS_APART = ("conv2d", "conv_transpose2d", "linear")
+
+
+def frozen_cost(cost, node: Node, split: FrozenSplit):
+    """``cost`` (a ``formulas.OpCost``) of ``node`` without the backward work of its frozen parameters (``split``):
+    a convolution's or a linear layer's weight gradient (2 FLOPs a MAC, a kernel) and bias gradient (an add an
+    output element, a kernel); a linear layer whose weight is frozen keeps no input (torch's addmm and mm save their
+    input for the weight's gradient alone: saved-tensor hooks, torch 2.14), where a convolution keeps it all the
+    same."""
+    from dataclasses import replace
+
+    if node.op not in _GRADIENTS_APART or node.attrs.get("fixed"):
+        return cost
+    flops, kernels, saved = cost.flops_bwd, cost.kernels_bwd, list(cost.saved)
+    bias = node.attrs.get("bias")
+    outputs = float(_numel(node.output_shape))  # an add of the bias an output element
+    if split.weight:
+        flops -= 2.0 * cost.macs
+        kernels -= 1
+        if node.op == "linear":
+            saved = [s for s in saved if s != 0]
+    if bias and split.bias:
+        flops -= outputs
+        kernels -= 1
+    return replace(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved)
+
+
+def _numel(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out

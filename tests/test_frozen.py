@@ -1,0 +1,120 @@
+"""Frozen parameters (``requires_grad`` False: a backbone fine-tuned by its head) in the prediction: no gradient and
+no optimiser state for them, no autograd node for an op none of whose inputs needs a gradient (a frozen stem), no
+weight-gradient kernels; what a linear layer of a frozen weight keeps is what torch keeps (``features/frozen.py``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from perf4sight.features.aggregate import TRAINED_PARAM_BYTES, features_for, network_features
+from perf4sight.features.alloc_trace import record_events, record_runs
+from perf4sight.features.latency_terms import GEMM, kernel_table
+from perf4sight.ir.from_torch import describe
+from test_allocator import _as_replayed
+
+
+class _Net(nn.Module):
+    """A stem (conv, batch norm, ReLU in place), a middle block of the same, a pool and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.an = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.b, self.bn = nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.relu_(self.an(self.a(x)))
+        x = torch.relu_(self.bn(self.b(x)))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _frozen(kind: str) -> nn.Module:
+    """``_Net`` with ``kind`` frozen: nothing, the ``stem``, the ``middle`` block (its input needs a gradient), all
+    but the ``head``, or ``parts`` (the middle conv's weight, its bias trained; the head's weight, its bias trained)."""
+    torch.manual_seed(0)
+    net = _Net()
+    frozen = {"whole": [], "stem": [net.a, net.an], "middle": [net.b, net.bn], "head": [net.a, net.an, net.b, net.bn],
+              "parts": [net.b.weight, net.fc.weight]}[kind]
+    for m in frozen:
+        m.requires_grad_(False)
+    return net
+
+
+KINDS = ("whole", "stem", "middle", "head", "parts")
+
+
+@pytest.fixture(scope="module")
+def described():
+    return {k: (_frozen(k), describe(_frozen(k), [3, 8, 8], f"net_{k}")) for k in KINDS}
+
+
+def test_the_description_names_what_is_frozen(described):
+    assert "frozen_layers" not in described["whole"][1].extra
+    assert described["head"][1].extra["frozen_layers"] == ["a", "an", "b", "bn"]
+    assert described["parts"][1].extra["frozen_parameters"] == ["b.weight", "fc.weight"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_allocation_model_writes_down_torch_s_events_of_a_frozen_network(described, kind):
+    """The events the model writes down are those torch's own step makes on the meta device (the trace rebuilds the
+    module frozen), and the model, not the trace, wrote them."""
+    desc = described[kind][1]
+    assert record_runs(desc, (3,), steps=3, model_only=True) is not None
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert len(model) > 30 and _as_replayed(model) == _as_replayed(traced)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_trained_parameters_and_update_kernels_are_those_torch_s_optimiser_updates(described, kind):
+    net, desc = described[kind]
+    nf = network_features(desc)
+    trained = [p for p in net.parameters() if p.requires_grad]
+    assert nf.static[TRAINED_PARAM_BYTES] == 4 * sum(p.numel() for p in trained)
+    opt = torch.optim.SGD(trained, lr=0.1, momentum=0.9)
+    nn.functional.cross_entropy(net(torch.randn(2, 3, 8, 8)), torch.tensor([1, 2])).backward()
+    opt.step()
+    assert nf.kernels.param_tensors == len(opt.state) == len(trained)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_gemm_work_is_torch_s_counted_forward_and_backward(described, kind):
+    """The kernel table's GEMM MACs are the MACs torch's flop counter counts for the step's forward and backward:
+    no weight gradient of a frozen weight, no backward at all below the first trained layer."""
+    net, desc = described[kind]
+    with FlopCounterMode(display=False) as counter:
+        out = net(torch.randn(2, 3, 8, 8))
+        out.sum().backward() if out.requires_grad else None
+    kt = kernel_table(desc)
+    gemm = kt.kind == GEMM
+    dims = kt.dims[gemm].copy()
+    rows = kt.batch_dim[gemm]
+    dims[rows >= 0, rows[rows >= 0]] *= 2  # at batch 2
+    assert counter.get_total_flops() == pytest.approx(2 * dims.prod(axis=1).sum())
+
+
+def test_frozen_layers_cut_memory_and_backward_work_as_torch_skips_them(described):
+    """The head alone trained keeps only the head's input for backward (the frozen stem and middle block make no
+    autograd node) and runs a GEMM forward per layer and the head's weight gradient alone."""
+    whole, head = (features_for(network_features(described[k][1]), 4) for k in ("whole", "head"))
+    assert head["saved_bytes"] == 4 * 16 * 4 < whole["saved_bytes"]
+    assert head["kernels_bwd"] == 2 and head["flops_bwd"] == 2 * 16 * 10 * 4 + 10 * 4
+    assert head["mem_analytic_mb"] < whole["mem_analytic_mb"]
+
+
+def test_predict_notes_which_frozen_parameters_it_leaves_untrained(described):
+    """A description that names its frozen layers is predicted with them untrained, from a fingerprint of networks
+    trained whole (said); an older one, ``frozen_params`` alone, is predicted trained whole (said too)."""
+    import copy
+
+    from perf4sight.fingerprint.predict import parameter_notes
+    head = described["head"][1]
+    older = copy.deepcopy(head)
+    del older.extra["frozen_layers"]
+    older.name = "older"
+    named, unnamed = parameter_notes([head, older, described["whole"][1]])
+    assert named.startswith("frozen parameters (requires_grad False): net_head 1,432; the prediction trains the others "
+                            "alone") and "expect larger errors" in named and "older" not in named
+    assert unnamed.startswith("frozen parameters (requires_grad False): older 1,432; the description names none of them")
+    assert network_features(older).static[TRAINED_PARAM_BYTES] == 4 * (216 + 16 + 1168 + 32 + 170)
