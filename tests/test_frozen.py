@@ -118,3 +118,34 @@ def test_predict_notes_which_frozen_parameters_it_leaves_untrained(described):
                             "alone") and "expect larger errors" in named and "older" not in named
     assert unnamed.startswith("frozen parameters (requires_grad False): older 1,432; the description names none of them")
     assert network_features(older).static[TRAINED_PARAM_BYTES] == 4 * (216 + 16 + 1168 + 32 + 170)
+
+
+class _Shared(nn.Module):
+    """A stem, one linear layer called twice on the pooled map (its calls summed), a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.mlp, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 8), nn.Linear(8, 10)
+
+    def forward(self, x):
+        h = torch.flatten(nn.functional.adaptive_avg_pool2d(self.a(x), 1), 1)
+        return self.fc(self.mlp(h) + self.mlp(h * 2.0))
+
+
+def test_a_frozen_layer_called_twice_sums_no_gradients():
+    """A shared layer (called twice) that is frozen gets no gradient from either call: no sums of them in the step's
+    kernels, and the allocation model writes down torch's events."""
+    from perf4sight.features.optimizers import optimizer_cost
+    torch.manual_seed(0)
+    net = _Shared()
+    whole = describe(net, [3, 8, 8], "shared")
+    trained = features_for(network_features(whole), 2)
+    net.mlp.requires_grad_(False)
+    desc = describe(net, [3, 8, 8], "shared_frozen")
+    frozen = features_for(network_features(desc), 2)
+    # two tensors' sums (weight, bias), and their two gradients each way (weight's GEMM, bias's reduction) per call
+    assert trained["kernels_bwd"] - frozen["kernels_bwd"] == 2 + 2 * 2
+    update = 2 * optimizer_cost("sgd").kernels_per_tensor  # and the two tensors' updates
+    assert kernel_table(whole).launches - kernel_table(desc).launches == 2 + 2 * 2 + update
+    assert _as_replayed(record_events(desc, 3, steps=3, method="model")) == \
+        _as_replayed(record_events(desc, 3, steps=3, method="trace"))

@@ -41,7 +41,7 @@ from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, ker
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import (Visit, consumer_counts, gradient_accumulations, split_gathers, trained_params,
-                                     walk)
+                                     trained_tensors, walk)
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
@@ -287,7 +287,7 @@ def _shared_gradient_sums(visits: list[Visit]) -> int:
     that ``shares`` its first call's parameters) adds its gradient of each of the first call's parameter tensors into
     the one before (``latency_terms._shared_weight_sums``'s kernels); a call no gradient reaches (``Visit.trained``
     false) computes none to add."""
-    tensors = {v.node.name: v.cost.param_tensors for v in visits if v.cost is not None}
+    tensors = {v.node.name: trained_tensors(v) for v in visits if v.cost is not None}  # a frozen one's: no gradient
     calls: dict[str, int] = {}  # the first call -> its layer's trained calls
     for v in visits:
         if v.trained:

@@ -43,7 +43,8 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, RE
                                          hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.frozen import FrozenSplit
-from perf4sight.features.walk import Visit, gradient_accumulations, split_gathers, trained_params, walk
+from perf4sight.features.walk import (Visit, gradient_accumulations, split_gathers, trained_params, trained_tensors,
+                                     walk)
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params, where_condition_inputs
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
@@ -576,7 +577,7 @@ def _shared_weight_sums(r: _Rows, visits: Sequence[Visit]) -> None:
     parameter tensor into the one before (an add: two tensors read, one written), once a step whatever the batch.
     The layer's bytes are spread evenly over its tensors, as the update's are. A call no gradient reaches
     (``Visit.trained`` false) computes none to add: the layer's first trained call is the one the others add into."""
-    tensors = {v.node.name: v.cost.param_tensors for v in visits if v.cost is not None}
+    tensors = {v.node.name: trained_tensors(v) for v in visits if v.cost is not None}  # a frozen one's: no gradient
     seen: set[str] = set()  # the layers (by first call) one of whose trained calls came already
     for v in visits:
         owner = v.node.attrs.get(SHARES, v.node.name)

@@ -42,7 +42,7 @@ from perf4sight.features.strided_views import batch_copied, rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, unbind_group, where_condition_inputs
 
 __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "unreached",
-           "trained_params", "split_gathers"]
+           "trained_params", "trained_tensors", "split_gathers"]
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,11 @@ def trained_params(visits: Iterable[Visit]) -> tuple[float, int]:
     owned = [v for v in visits if v.cost is not None and SHARES not in v.node.attrs and v.node.name in trained]
     return (float(sum(v.cost.params - (v.frozen.params if v.frozen else 0) for v in owned)),
             int(sum(v.cost.param_tensors - _frozen_tensors(v) for v in owned)))
+
+
+def trained_tensors(v: Visit) -> int:
+    """The parameter tensors of ``v``'s layer (its cost's) that get a gradient: those not frozen."""
+    return v.cost.param_tensors - _frozen_tensors(v)
 
 
 def _frozen_tensors(v: Visit) -> int:
