@@ -116,7 +116,8 @@ def test_predict_notes_which_frozen_parameters_it_leaves_untrained(described):
     named, unnamed = parameter_notes([head, older, described["whole"][1]])
     assert named.startswith("frozen parameters (requires_grad False): net_head 1,432; the prediction trains the others "
                             "alone") and "expect larger errors" in named and "older" not in named
-    assert unnamed.startswith("frozen parameters (requires_grad False): older 1,432; the description names none of them")
+    assert unnamed.startswith("frozen parameters (requires_grad False): older 1,432; the description names none of "
+                              "them")
     assert network_features(older).static[TRAINED_PARAM_BYTES] == 4 * (216 + 16 + 1168 + 32 + 170)
 
 
