@@ -150,3 +150,15 @@ def test_a_frozen_layer_called_twice_sums_no_gradients():
     assert kernel_table(whole).launches - kernel_table(desc).launches == 2 + 2 * 2 + update
     assert _as_replayed(record_events(desc, 3, steps=3, method="model")) == \
         _as_replayed(record_events(desc, 3, steps=3, method="trace"))
+
+
+def test_an_in_place_relu_on_a_map_that_needs_no_gradient_is_written_down():
+    """A ReLU in place on the network input (or a frozen stem's map) runs with no autograd node and keeps nothing:
+    the allocation model writes it down (it was left to the trace) with torch's events."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True), nn.Flatten(),
+                        nn.Linear(8 * 6 * 6, 10))
+    desc = describe(net, [3, 8, 8], "relu_first")
+    assert record_runs(desc, (3,), steps=3, model_only=True) is not None
+    assert _as_replayed(record_events(desc, 3, steps=3, method="model")) == \
+        _as_replayed(record_events(desc, 3, steps=3, method="trace"))
