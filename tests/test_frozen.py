@@ -162,3 +162,61 @@ def test_an_in_place_relu_on_a_map_that_needs_no_gradient_is_written_down():
     assert record_runs(desc, (3,), steps=3, model_only=True) is not None
     assert _as_replayed(record_events(desc, 3, steps=3, method="model")) == \
         _as_replayed(record_events(desc, 3, steps=3, method="trace"))
+
+
+def _cnn(width: int, depth: int) -> nn.Module:
+    """``depth`` 3x3 convolutions of ``width`` channels with batch norms and ReLUs, pooled, one linear layer."""
+    layers: list[nn.Module] = []
+    cin = 3
+    for _ in range(depth):
+        layers += [nn.Conv2d(cin, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+        cin = width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+
+
+@pytest.fixture(scope="module")
+def fingerprint(tmp_path_factory):
+    """A fingerprint fitted on 6 small real CNNs trained whole, their step times following their FLOPs."""
+    from perf4sight.config import FingerprintConfig
+    from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
+    torch.manual_seed(0)
+    descs, rows = {}, []
+    for family, depth in (("shallow", 1), ("deep", 3)):
+        for width in (4, 8, 16):
+            name = f"{family}_w{width}"
+            descs[name] = describe(_cnn(width, depth), [3, 16, 16], name=name, network=family)
+            for b in (1, 4, 16):
+                f = features_for(descs[name], b)
+                rows.append({"device": "cpu0", "backend": "cpu", "network": name, "family": family, "batch_size": b,
+                             "status": "ok", "latency_ms_median": 2.0 + f["flops_total"] / 2e6,
+                             "peak_rss_mb": 20.0 + 40.0 * f["mem_analytic_mb"]})
+    out = tmp_path_factory.mktemp("frozen") / "cpu0"
+    fit_fingerprint(rows, descs, "cpu0", out, FingerprintConfig(n_estimators=10))
+    return load_fingerprint(out)
+
+
+def test_a_frozen_network_s_step_time_is_of_the_forms_that_count_its_kernels(fingerprint):
+    """The step-time mean of a frozen network's rows is that of the members whose terms count the step's kernels
+    (kernel-table terms, which leave a frozen layer's backward out): the others, of forward work fitted on networks
+    trained whole, would carry the whole backward (on this CPU's resnet18 with all but fc frozen, 0.17-0.35 of the
+    whole network's step against about 1.0 for those). A network trained whole is predicted as before."""
+    from perf4sight.features.aggregate import feature_matrix
+    from perf4sight.fingerprint.trees import MeanModel, geometric_mean, sees_backward
+    model = fingerprint.models["latency"]
+    assert isinstance(model, MeanModel)
+    kinds = [sees_backward(m.terms) for m in model.members]
+    assert any(kinds) and not all(kinds)
+    torch.manual_seed(0)
+    net = _cnn(8, 3)
+    whole = describe(net, [3, 16, 16], name="deep_w8", network="deep")
+    for m in list(net)[:6]:  # the first two blocks frozen, the third and the head trained
+        m.requires_grad_(False)
+    frozen = describe(net, [3, 16, 16], name="deep_w8", network="deep")
+    rows = fingerprint.predict([whole, frozen], [4])
+    F = feature_matrix([network_features(frozen, fingerprint.runtime)], [4])
+    trees = model.trees_for(["deep"])
+    seeing = geometric_mean([m.predict(F, trees) for m, sees in zip(model.members, kinds) if sees])
+    assert rows[1]["latency_ms"] == pytest.approx(float(seeing[0]), rel=1e-3)
+    assert rows[1]["latency_ms"] < model.predict(F, trees)[0] and rows[1]["latency_ms"] < rows[0]["latency_ms"]
+    Fw = feature_matrix([network_features(whole, fingerprint.runtime)], [4])
+    assert rows[0]["latency_ms"] == pytest.approx(float(model.predict(Fw, trees)[0]), rel=1e-3)

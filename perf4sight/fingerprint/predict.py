@@ -27,13 +27,14 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import (FEATURE_NAMES, BeyondReplay, NetworkFeatures, feature_matrix,
                                           network_features)
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
+from perf4sight.features.frozen import frozen_of
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import (FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models,
                                             reading)
-from perf4sight.fingerprint.trees import Model
+from perf4sight.fingerprint.trees import MeanModel, Model
 from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, STRUCTURE_VERSION, NetworkDescription,
                                   load_description)
 from perf4sight.ir.shapes import shape_text
@@ -262,8 +263,8 @@ def parameter_notes(descs: Sequence[NetworkDescription]) -> list[str]:
     if frozen:
         lines.append(f"frozen parameters (requires_grad False): {named(frozen)}; the prediction trains the others "
                      "alone (no gradients, optimiser state or weight-gradient work for these, no backward below the "
-                     "first trained layer), but the fingerprint learnt from networks trained whole: expect larger "
-                     "errors")
+                     "first trained layer; its step time of the forms that count the step's kernels), but the "
+                     "fingerprint learnt from networks trained whole: expect larger errors")
     unnamed = _counted(older, "frozen_params")
     if unnamed:
         lines.append(f"frozen parameters (requires_grad False): {named(unnamed)}; the description names none of them "
@@ -430,7 +431,10 @@ class Fingerprint(ModuleQueries):
         self._simulate_if_needed(nfs)
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
         families = [f for f in self.training_family_of(nfs) for _ in bss]
+        frozen = np.array([bool(nf.description is not None and frozen_of(nf.description)) for nf in nfs for _ in bss])
         lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
+        if isinstance(self.models["latency"], MeanModel) and frozen.any():  # of the forms that see its backward
+            lat = self.models["latency"].predict(F, self.models["latency"].trees_for(families), frozen)
         demand = self._demand(F, families, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
         # the narrower band of a family seen holds at the shapes it was seen at; at another, the band of a family never
