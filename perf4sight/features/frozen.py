@@ -11,10 +11,13 @@ frozen of one node's layer. A parameter whose size this module does not know by 
 """
 from __future__ import annotations
 
-from perf4sight.ir.schema import FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter, \
-    node_params
+from dataclasses import replace
 
-__all__ = ["ALL", "frozen_of", "frozen_split", "FrozenSplit"]
+from perf4sight.features.formulas import OpCost, numel
+from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter,
+                                  node_params)
+
+__all__ = ["ALL", "frozen_of", "frozen_split", "frozen_cost", "FrozenSplit"]
 
 #: The name standing for every parameter of a layer frozen whole.
 ALL = "*"
@@ -93,19 +96,17 @@ def frozen_split(node: Node, names: frozenset[str] | None) -> FrozenSplit | None
 _GRADIENTS_APART = ("conv2d", "conv_transpose2d", "linear")
 
 
-def frozen_cost(cost, node: Node, split: FrozenSplit):
-    """``cost`` (a ``formulas.OpCost``) of ``node`` without the backward work of its frozen parameters (``split``):
+def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
+    """``cost`` of ``node`` without the backward work of its frozen parameters (``split``):
     a convolution's or a linear layer's weight gradient (2 FLOPs a MAC, a kernel) and bias gradient (an add an
     output element, a kernel); a linear layer whose weight is frozen keeps no input (torch's addmm and mm save their
     input for the weight's gradient alone: saved-tensor hooks, torch 2.14), where a convolution keeps it all the
     same."""
-    from dataclasses import replace
-
     if node.op not in _GRADIENTS_APART or node.attrs.get("fixed"):
         return cost
     flops, kernels, saved = cost.flops_bwd, cost.kernels_bwd, list(cost.saved)
     bias = node.attrs.get("bias")
-    outputs = float(_numel(node.output_shape))  # an add of the bias an output element
+    outputs = float(numel(node.output_shape))  # an add of the bias an output element
     if split.weight:
         flops -= 2.0 * cost.macs
         kernels -= 1
@@ -115,10 +116,3 @@ def frozen_cost(cost, node: Node, split: FrozenSplit):
         flops -= outputs
         kernels -= 1
     return replace(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved)
-
-
-def _numel(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= int(s)
-    return out
