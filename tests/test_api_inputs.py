@@ -899,3 +899,19 @@ def test_the_family_note_says_a_family_never_seen_s_interval_where_no_band_of_it
     err = " ".join(capfd.readouterr().err.split())
     assert "deep_w8: of a family this fingerprint was trained on: the interval of a family never seen (no band of " \
            "such networks held its coverage)" in err
+
+
+def test_the_structure_is_read_only_for_a_family_the_fingerprint_was_trained_on(fitted, monkeypatch):
+    """training_family_of reads a network's structure key (every layer written as JSON and hashed) only where its
+    family is one of the training families: another's answer is "" whatever its layers; the answers as before."""
+    from dataclasses import replace
+    folder, descs = fitted
+    fp = load_fingerprint(folder)
+    stranger = replace(descs["deep_w8"], network="another_family")
+    impostor = replace(descs["shallow_w8"], network="deep")
+    expected = fp.training_family_of([descs["deep_w8"], stranger, impostor])
+    read: list[str] = []
+    key = NetworkDescription.structure.fget
+    monkeypatch.setattr(NetworkDescription, "structure", property(lambda d: read.append(d.family) or key(d)))
+    assert fp.training_family_of([descs["deep_w8"], stranger, impostor]) == expected == ["deep", "", ""]
+    assert read == ["deep", "deep"]

@@ -457,7 +457,8 @@ class Fingerprint(ModuleQueries):
         families = [d.family for d in descs]
         if self._training_structures is None:
             return [f if f in self.training_families else "" for f in families]
-        return known_families(families, [d.structure for d in descs], self._training_structures)
+        known = self._training_structures  # a structure (every layer as JSON, hashed) read for a known family alone
+        return known_families(families, [d.structure if f in known else "" for d, f in zip(descs, families)], known)
 
     def outside_training(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                          batch_sizes: int | Sequence[int]) -> list[str]:
