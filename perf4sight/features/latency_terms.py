@@ -34,6 +34,7 @@ Conventions, stated once:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -552,10 +553,11 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             r.other(BANDWIDTH, 0.0, zeros / pieces * BYTES_PER_ELEMENT)
         r.other(BANDWIDTH, 0.0, 2.0 * elems * BYTES_PER_ELEMENT)
     _shared_weight_sums(r, visits)
-    for _ in range(opt.kernels_per_tensor * params):
+    updates = opt.kernels_per_tensor * params  # each of the same share of the parameters' bytes: one row, repeated
+    if updates > 0:
         share = opt.tensor_passes / opt.kernels_per_tensor * n_params * BYTES_PER_ELEMENT / max(params, 1)
-        r.other(BANDWIDTH, 0.0, 0.0, share)
-    a = np.array(r.rows, dtype=float).reshape(-1, 8)
+        r.rows += [(BANDWIDTH, 0.0, 0.0, 0.0, -1, 0.0, 0.0, share)] * updates
+    a = np.fromiter(chain.from_iterable(r.rows), dtype=float, count=8 * len(r.rows)).reshape(-1, 8)
     return KernelTable(kind=a[:, 0].astype(np.int64), dims=a[:, 1:4], batch_dim=a[:, 4].astype(np.int64),
                        flops_ps=a[:, 5], bytes_ps=a[:, 6], bytes_fixed=a[:, 7], param_tensors=params)
 
