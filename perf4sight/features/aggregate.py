@@ -250,9 +250,10 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         ps["activation_elems"] += loss.bytes_written / BYTES_PER_ELEMENT
         labels_bytes = _target_bytes(desc, runtime.loss)  # held the whole step beside the input
     branch = [n for n, k in consumers.items() if k > 1]
-    st["kernels_bwd"] += sum(gradient_accumulations(desc, visits).values())  # k gradients into a tensor: k-1 adds
+    walked = gradient_accumulations(desc, visits), split_gathers(visits), trained_params(visits)  # the kernel table's
+    st["kernels_bwd"] += sum(walked[0].values())  # k gradients into a tensor: k-1 adds
     st["kernels_bwd"] += _shared_gradient_sums(visits)
-    st["kernels_bwd"] += sum(1 + pieces for _, _, pieces in split_gathers(visits))  # a split's zeros and cat
+    st["kernels_bwd"] += sum(1 + pieces for _, _, pieces in walked[1])  # a split's zeros and cat
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
     ps["max_activation_bytes"] = max_act
     ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT + labels_bytes
@@ -260,7 +261,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     st["kernels"] = st["kernels_fwd"] + st["kernels_bwd"]
     st["param_bytes"] = st["params"] * BYTES_PER_ELEMENT
     # those that get a gradient (a dead branch's do not): their gradients and optimiser state (not a feature column)
-    st[TRAINED_PARAM_BYTES] = trained_params(visits)[0] * BYTES_PER_ELEMENT
+    st[TRAINED_PARAM_BYTES] = walked[2][0] * BYTES_PER_ELEMENT
     st["depth"] = float(depth.get(desc.output, max(depth.values(), default=0)))
     st["n_nodes"] = float(len(desc.nodes))
     st["branch_nodes"] = float(len(branch))
@@ -277,7 +278,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
                      + ([labels_bytes] if labels_bytes else []), dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, np.array(batch_saved, dtype=float),
                            description=desc,
-                           kernels=kernel_table(desc, runtime.update_cost(), visits, runtime.loss)
+                           kernels=kernel_table(desc, runtime.update_cost(), visits, runtime.loss, walked=walked)
                            if not unsupported else None,
                            runtime=runtime)
 

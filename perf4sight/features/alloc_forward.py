@@ -47,7 +47,7 @@ def _with_parameters(ctx: _OpContext) -> _Value:
             pedges[0] = ("fn", standardised[1])
         sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
-        layouts, restride = _convolution_layouts(ctx)
+        layouts, restride = _convolution_layouts(ctx, len(pbytes))
         value = _Value(sid, nbytes, ctx.grad_fn([x.sid] + ([standardised[0]] if standardised else []),
                                                 [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
                                                 layouts=layouts, restride=restride, any_strides=True))
@@ -194,15 +194,16 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
     return sid, fn, [sid] + after
 
 
-def _convolution_layouts(ctx: _OpContext) -> tuple[list, list[bool]]:
+def _convolution_layouts(ctx: _OpContext, params: int) -> tuple[list, list[bool]]:
     """The strides of a convolution's gradients (input, weight, bias) as the meta kernel lays them out, and which
     of them AccumulateGrad copies to its parameter's strides. The forward's output is contiguous whatever the input;
     the backward's input and weight gradients are channels-last where the input (or the weight) suggests it, the
     bias's contiguous; a channels-last gradient of a weight whose channels-last strides are not its own (a kernel
-    wider than 1 x 1 over more than one input channel per group) is copied."""
+    wider than 1 x 1 over more than one input channel per group) is copied. ``params``: how many parameters the
+    convolution has (:func:`_params`')."""
     weight = _weight_shape(ctx.node)
     if not (ctx.channels_last(ctx.x) or _channels_last_like(weight, None)):
-        return [None] * (1 + len(_params(ctx.node)[0])), [False] * (1 + len(_params(ctx.node)[0]))
+        return [None] * (1 + params), [False] * (1 + params)
     if ctx.node.attrs.get("fixed"):  # its filter a buffer: the input's gradient alone
         return [("fixed", _normal(ctx.full_in, _channels_last(ctx.full_in)))], [False]
     layouts = [("fixed", _normal(ctx.full_in, _channels_last(ctx.full_in))),

@@ -230,10 +230,11 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     frozen = _frozen_indices(desc, first_param) if desc.extra else frozenset()
     values: dict[str, _Value] = {}
     fns: list[_GradFn] = []
-    users = _last_uses(desc)
+    reads = {n.name: _reads(n) for n in desc.nodes}  # what each node's call reads: for both below
+    users = _last_uses(desc, reads)
     shapes = {n.name: list(n.output_shape) for n in desc.nodes}
     splits: dict = {}  # torch.split calls -> their autograd node (alloc_forward._split_piece)
-    dead = _dead_nodes(desc)
+    dead = _dead_nodes(desc, reads)
     branch = _DeadBranch(fns, mem)
     for n in desc.nodes:
         if n.op == "input":  # held by the caller too
@@ -307,14 +308,15 @@ def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> fr
     return frozenset(out)
 
 
-def _dead_nodes(desc: NetworkDescription) -> set[str]:
+def _dead_nodes(desc: NetworkDescription, reads: dict[str, list[str]] | None = None) -> set[str]:
     """The nodes whose value no read leads to the network's output (a dead branch: ``y = self.b(x)``, ``y`` never
     used); a piece of a split among them is :class:`NotCovered` (torch's split backward fills its gradient with
     zeros, which the model does not write down), and so is an op in place (a ReLU, which the step runs in place, an
     activation of ``inplace`` or ``on_copy``): what its node keeps is the value it rebased, freed otherwise. The reads
     are the edges (``walk.unreached``; ``walk.untrained_nodes`` goes by the gradient inputs instead: a where's
-    condition is read, so not dead here, but no gradient reaches it)."""
-    dead = set(unreached(desc, _reads))
+    condition is read, so not dead here, but no gradient reaches it). ``reads``: each node's :func:`_reads`, where the
+    caller has them."""
+    dead = set(unreached(desc, _reads if reads is None else lambda n: reads[n.name]))
     for n in desc.nodes:
         if n.name in dead and (split_group(n) is not None or unbind_group(n) is not None):
             raise NotCovered("a piece of a split that no gradient reaches")
@@ -374,15 +376,17 @@ def _reads(n: Node) -> list[str]:
     return [*n.inputs, like] if isinstance(like, str) else list(n.inputs)
 
 
-def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
+def _last_uses(desc: NetworkDescription, reads: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """Node name -> the values the graph module drops right after it (their last use), in the order
     of its reads (:func:`_reads`); the network's output is kept (returned), and a value nothing reads (a dead branch's
     end) is dropped right after it is made, as torch.fx's code does. Not covered: a map
     whose last reader is a transposed convolution taking its output size from it (the rebuilt module drops it after
-    reading its shape, before the convolution runs)."""
+    reading its shape, before the convolution runs). ``reads``: each node's :func:`_reads`, where the caller has
+    them."""
+    reads = {n.name: _reads(n) for n in desc.nodes} if reads is None else reads
     last: dict[str, str] = {}
     for n in desc.nodes:
-        for i in _reads(n):
+        for i in reads[n.name]:
             last[i] = n.name
     for n in desc.nodes:
         if n.name not in last and n.name != desc.output:  # a dead branch's end: dropped right after it is made
@@ -391,7 +395,7 @@ def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
             raise NotCovered("a transposed convolution sized by a map nothing after it reads")
     out: dict[str, list[str]] = {}
     for n in desc.nodes:
-        for i in dict.fromkeys([*_reads(n), n.name]):  # its inputs, then itself where nothing reads it
+        for i in dict.fromkeys([*reads[n.name], n.name]):  # its inputs, then itself where nothing reads it
             if i != desc.output and last[i] == n.name:
                 out.setdefault(n.name, []).append(i)
     return out

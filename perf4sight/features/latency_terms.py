@@ -490,19 +490,24 @@ def _affine_grid_passes(node: Node) -> tuple[float, float, int]:
 
 
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
-                 visits: Sequence[Visit] | None = None, loss: str = "cross_entropy") -> KernelTable:
+                 visits: Sequence[Visit] | None = None, loss: str = "cross_entropy", *,
+                 walked: tuple[dict[str, int], list[tuple[float, float, int]], tuple[float, int]] | None = None
+                 ) -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
     its default settings; see the module docstring and ``optimizers.py``). Ops this module does not know are costed
     as one generic bandwidth-bound kernel over their input and output. An op whose output needs no gradient
     (``walk.py``: a parameter-free op of the network input alone) runs its forward kernels alone, and a tensor that
     needs none gets no gradient accumulation. ``visits``: ``walk(desc)``'s, where the caller walked already (under
     any runtime: the kernels read only the nodes, their input shapes, parameters and which need a gradient).
-    ``loss``: the step's loss (``profiling.plan.LOSSES``)."""
+    ``loss``: the step's loss (``profiling.plan.LOSSES``). ``walked``: what the caller made of those ``visits``
+    already, ``gradient_accumulations``', ``split_gathers``' and ``trained_params``'."""
     opt = optimizer_cost(update) if isinstance(update, str) else update
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     visits = list(walk(desc)) if visits is None else visits
-    trained, params = trained_params(visits)  # each tensor that gets a gradient gets its own update kernels
+    if walked is None:
+        walked = gradient_accumulations(desc, visits), split_gathers(visits), trained_params(visits)
+    accumulations, gathers, (trained, params) = walked  # each tensor that gets a gradient: its own update kernels
     untrained = sum(v.cost.params for v in visits if v.cost is not None) - trained  # a dead branch's
     n_params = _param_count(desc) - untrained
     needs_grad = {v.node.name: v.needs_grad for v in visits}
@@ -545,10 +550,10 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     r.forward_only = False
     _loss(r, desc.node(desc.output).output_shape, loss)
-    for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
+    for name, adds in accumulations.items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):
             r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
-    for elems, zeros, pieces in split_gathers(visits):  # a split's backward: zeros for pieces without a gradient, a cat
+    for elems, zeros, pieces in gathers:  # a split's backward: zeros for pieces without a gradient, a cat
         for _ in range(pieces):
             r.other(BANDWIDTH, 0.0, zeros / pieces * BYTES_PER_ELEMENT)
         r.other(BANDWIDTH, 0.0, 2.0 * elems * BYTES_PER_ELEMENT)
