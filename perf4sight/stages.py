@@ -613,6 +613,13 @@ def _json_line(args: argparse.Namespace, fields: dict) -> None:
     print(json.dumps({"device": device, **fields} if device else fields), file=getattr(args, "json_out", None))
 
 
+def _queries(fp: object, descs: list[NetworkDescription]) -> list:
+    """What to ask ``fp`` about ``descs``: a trees fingerprint's features of each (computed once for its several
+    questions: the predictions and the notes on its training data), else the descriptions."""
+    from perf4sight.fingerprint.predict import Fingerprint
+    return fp.features(descs) if isinstance(fp, Fingerprint) else descs
+
+
 def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.fingerprint.api import load_device_predictor
     from perf4sight.fingerprint.predict import batch_list
@@ -640,8 +647,9 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     started = time.perf_counter()
     descs = _described(cfg, args, fp, names)
     described = time.perf_counter()
-    preds = fp.predict(descs, batch_sizes)
-    _domain_note(fp, descs, batch_sizes, shape_noted=True)
+    queries = _queries(fp, descs)
+    preds = fp.predict(queries, batch_sizes)
+    _domain_note(fp, queries, batch_sizes, shape_noted=True)
     _family_note(fp, descs)
     _one_image_note(descs, batch_sizes, [p["network"] for p in preds if p["batch_size"] == 1 and p["fits"]])
     elapsed, describing = time.perf_counter() - described, described - started
@@ -742,15 +750,15 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     if fp.capacity_mb is None:
         raise UserError(f"{device}: {unknown_capacity(fp)}: there is no largest batch size to find")
     descs = _described(cfg, args, fp, names)
-    found = []
-    for d in descs:
+    found, queries = [], _queries(fp, descs)
+    for d in queries:
         b = fp.max_batch_size(d, limit)
         at = fp.predict(d, [b])[0] if b else {}
         found.append({"network": d.name, "max_batch_size": b or None, "search_limit": limit,
                       "capacity_mb": round(fp.capacity_mb, 3), "latency_ms": round(at["latency_ms"], 3) if at else None,
                       "memory_mb": round(at["memory_mb"], 3) if at else None})
     # the batch sizes found may lie beyond the trained ones; where none fits, batch 1 was the last query
-    _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1],
+    _domain_note(fp, queries, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1],
                  shape_noted=True)
     ones = [d for d, f in zip(descs, found) if f["max_batch_size"] == 1]
     _one_image_note(ones, [1], [d.name for d in ones])  # the largest batch that fits: 1
@@ -892,11 +900,10 @@ def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
         notes.print(f"note: {line}: expect larger errors", style="yellow", markup=False)
 
 
-def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[int],
-                 shape_noted: bool = False) -> None:
+def _domain_note(fp: object, descs: list, batch_sizes: list[int], shape_noted: bool = False) -> None:
     """Say which queries leave what the predictor's training rows covered (every predictor that stored them), and
     which are described at another input shape than its training networks unless ``shape_noted`` (``_shape_note``
-    said it before)."""
+    said it before). ``descs``: the descriptions, or a trees fingerprint's features of them (:func:`_queries`)."""
     outside = getattr(fp, "outside_training", None)
     lines = outside(descs, batch_sizes) if outside else []
     if shape_noted:

@@ -896,3 +896,30 @@ def test_a_least_level_search_that_could_not_run_is_not_called_an_unknown_capaci
     pruning.print_pruning(console, points, least, ["h100", "tx2"])
     (row,) = [line for line in console.export_text().splitlines() if "least fit" in line]
     assert row.split("│")[4].strip() == "0%" and row.split("│")[5].strip() == "–", row
+
+
+def test_the_predict_stage_computes_each_network_s_features_once(project, capsys, monkeypatch):
+    """``--stage predict`` asks a trees fingerprint for its predictions and for the notes on its training data, and
+    ``--max-batch-size`` for the largest batch and the figures there: each network's features (a walk of its graph
+    and its kernel table, 10-20 ms for a large network) were computed for each question (two, three times); now once,
+    the answers as before (a batch size outside the rows still noted)."""
+    import argparse
+
+    from perf4sight import stages
+    from perf4sight.fingerprint import predict as predict_module
+
+    graph = str(project.models_dir / "imported" / "tx2a" / "resnet18_0.json")
+    computed: list[str] = []
+    features = predict_module.network_features
+    monkeypatch.setattr(predict_module, "network_features", lambda d, *a: computed.append(d.name) or features(d, *a))
+    for largest in (None, 64):
+        computed.clear()
+        args = argparse.Namespace(device=["tx2a"], network=[graph], batch_size=None if largest else [8, 100000],
+                                  json=True, input_shape=None, max_batch_size=largest, prune_to_fit=False,
+                                  predictor=None)
+        assert stages.run_predict(project, args) == 0
+        out, err = capsys.readouterr()
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert [line["network"] for line in lines] == ["resnet18_0"] * (1 if largest else 2)
+        assert computed == ["resnet18_0"], largest
+        assert largest or "batch size 100000: outside the training rows'" in err

@@ -407,6 +407,13 @@ class Fingerprint(ModuleQueries):
             raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
         return nf
 
+    def features(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path]
+                 ) -> list[NetworkFeatures]:
+        """Each network's features for a step under :attr:`runtime`, which :meth:`predict`, :meth:`outside_training`
+        and :meth:`max_batch_size` take in place of its description: a caller asking several of them computes them
+        once (a large network's take 10-20 ms; ``--stage predict`` computed them twice)."""
+        return [self._features(d) for d in as_descriptions(descs)]
+
     def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
         """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
         from perf4sight.features.alloc_trace import ensure_simulation
@@ -481,9 +488,10 @@ class Fingerprint(ModuleQueries):
         d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
-        found = self._largest_fitting(self._features(d), limit)
-        self.predict(d, [found or 1])  # the figures there checked as predict's are: an edited fingerprint's inf
-        return found                   # (or NaN) compared with the capacity read as "none fits" (or as all)
+        nf = self._features(d)  # once: predict below takes them too
+        found = self._largest_fitting(nf, limit)
+        self.predict(nf, [found or 1])  # the figures there checked as predict's are: an edited fingerprint's inf
+        return found                    # (or NaN) compared with the capacity read as "none fits" (or as all)
 
     def _largest_fitting(self, nf: NetworkFeatures, limit: int) -> int:
         """:meth:`max_batch_size` of ``nf`` up to ``limit`` under a known capacity, its figures unchecked. Without an
