@@ -966,6 +966,7 @@ class NetworkDescription:
         nodes = []
         seen: Set[str] = set()
         shapes: Dict[str, List[int]] = {}
+        by_name: Dict[str, Node] = {}  # the nodes so far, by name (made once: a dict of them per node was quadratic)
         for i, raw in enumerate(d["nodes"]):
             node = _read_node(raw, i, where)
             if node.op != "input" and not node.inputs:
@@ -980,7 +981,7 @@ class NetworkDescription:
                     raise UserError(f"{where}: node '{node.name}' uses {nowhere}, which no node is named")
                 raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined (a node "
                                 "comes after its inputs)")
-            problem = _sharing_problem(node, {n.name: n for n in nodes})
+            problem = _sharing_problem(node, by_name)
             if problem:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
             if node.op == "input" and (nodes or node.output_shape != shape):
@@ -993,6 +994,7 @@ class NetworkDescription:
             seen.add(node.name)
             shapes[node.name] = node.output_shape
             nodes.append(node)
+            by_name[node.name] = node
         if not nodes or nodes[0].op != "input":
             raise UserError(f"{where}: the first node must be the 'input' node")
         if d["output"] not in seen:
