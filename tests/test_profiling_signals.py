@@ -204,6 +204,8 @@ def test_fleet_summary_counts_earlier_rows_and_error_rows_are_retried_when_asked
     cfg.profile.retry_errors = True  # what --stage profile --retry-errors sets for its run
     (retried,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
     assert retried.new_rows == 2 and retried.counts["error"] == 2 and retried.rows == 2  # the newest row per key
+    line = format_summaries([retried])  # it said to pass --retry-errors to the run given it
+    assert "error 2] (error rows measured again, as --retry-errors asked)" in line and "unless asked" not in line
     assert len(results.read_rows(results.results_path(cfg.profiling_dir, "local"))) == 4  # the old ones stay
 
 

@@ -413,6 +413,7 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
                                     "beside the measurements: a rerun without --remeasure measures those not "
                                     "measured again yet") from None
         for s in summaries:
+            s.errors_retried = cfg.profile.retry_errors and not s.attached  # an attached run keeps its own plan
             s.superseded = len(moved.get(s.device, []))
             s.remeasure_left = _not_measured_again(cfg, s.device, moved.get(s.device, []))
         return summaries
@@ -549,8 +550,9 @@ def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
                          f", {plural(s.restarts, 'restart')}" if s.restarts else "",
                          ", from the run an earlier profile left going on the device" if s.attached and not s.pulled
                          else ""])
-        retry = (" (error rows are not measured again unless asked: --retry-errors)"
-                 if s.counts.get("error") else "")
+        retry = ("" if not s.counts.get("error")
+                 else " (error rows measured again, as --retry-errors asked)" if s.errors_retried and s.status == "done"
+                 else " (error rows are not measured again unless asked: --retry-errors)")
         lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"
                      + (f" [{counts}]{retry}" if counts else "") + (f" — {s.message}" if s.message else ""))
     return "\n".join(lines)

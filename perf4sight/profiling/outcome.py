@@ -36,6 +36,7 @@ class DeviceSummary:
     reconnects: int = 0
     restarts: int = 0
     attached: bool = False  # followed a run an earlier profile had started and left going on the device
+    errors_retried: bool = False  # its plan measured the error rows again (--retry-errors), in a run this one started
     elapsed_s: float = 0.0
 
 
