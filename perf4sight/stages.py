@@ -133,6 +133,35 @@ def _stdout_to_stderr(on: bool) -> contextlib.AbstractContextManager:
 
 # ---------------------------------------------------------------- stages
 
+def _measured_as_made(cfg: Config, names: list[str]) -> list[str]:
+    """Of ``names`` (variants the networks stage has just written as another description than the last run's), those
+    whose description as now written has rows (of ``[profile]``'s step) on every configured device that measured the
+    network at all, and some device did: the profile stage measures them on no device again (another pruning strategy
+    tried, then the first one back). Best effort: [] where the manifest's settings or a CSV cannot be read."""
+    from perf4sight.networks.settings import SETTINGS_FILE
+
+    if not names:
+        return []
+    try:
+        shas = json.loads((cfg.models_dir / SETTINGS_FILE).read_text(encoding="utf-8"))["descriptions"]
+        phase, loss = training_phase(cfg.profile.optimizer), cfg.profile.loss
+        measured: dict[str, list[set[str]]] = {}
+        for device in cfg.devices:
+            path = results_path(cfg.profiling_dir, device)
+            if not path.is_file():
+                continue
+            of_device: dict[str, set[str]] = {}
+            for r in read_rows(path):
+                if r.get("network") in names and phase_of(r) == phase and loss_of(r) == loss:
+                    of_device.setdefault(r["network"], set()).add(r.get("description_sha") or "")
+            for name, found in of_device.items():
+                measured.setdefault(name, []).append(found)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
+        return []
+    return [n for n in names if n in measured and isinstance(shas, dict) and isinstance(shas.get(n), str)
+            and all(shas[n] in found for found in measured[n])]
+
+
 def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     """Make the network descriptions ``[networks]`` names (its zoo, factory and description-file networks at each
     pruning level, and the generated ones) under ``cfg.models_dir``, and print what the manifest gained, changed or
@@ -165,9 +194,15 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     console.print(f"networks: {plural(len(made.rows), 'description')} under {cfg.models_dir} "
                   f"in {time.perf_counter() - started:.1f} s{reused}", markup=False)
     changes = [f"{len(made.added)} added ({named(made.added)})"] if made.added else []
-    if made.changed:
-        changes.append(f"{len(made.changed)} changed under the same name ({named(made.changed)}; the profile stage "
-                       "measures them again)")
+    on_record = _measured_as_made(cfg, made.changed)
+    again = [n for n in made.changed if n not in on_record]
+    if again:
+        changes.append(f"{len(again)} changed under the same name ({named(again)}; the profile stage measures them "
+                       "again)")
+    if on_record:  # e.g. a strategy switched back: the rows of the earlier run of these very descriptions count again
+        changes.append(f"{len(on_record)} changed under the same name to descriptions measured before "
+                       f"({named(on_record)}; their earlier rows count again: the profile stage does not measure them "
+                       "again)")
     if made.removed:
         changes.append(f"{len(made.removed)} no longer made ({named(made.removed)}; their descriptions and "
                        "measurements stay on disk, and the later stages leave them out)")

@@ -94,6 +94,20 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     other = rerun()
     assert other.returncode == 0, other.stderr[-2000:]
     assert "manifest changed: 2 changed under the same name (tiny_vgg_l0, tiny_vgg_l30;" in other.stdout
+    # back to l1-norm, whose tiny_vgg_l0 a device measured: its rows count again and the profile measures it on no
+    # device again, which the stage said it would ("changed ...; the profile stage measures them again")
+    from perf4sight.profiling.results import append_row, file_sha
+    l0 = tmp_path / "models" / "pruned" / "l1-norm" / "tiny_vgg_l0.json"
+    append_row(tmp_path / "profiling_csvs" / "local" / "measurements.csv", {
+        "device": "local", "backend": "cpu", "network": "tiny_vgg_l0", "batch_size": 1, "phase": "train",
+        "status": "ok", "timestamp": "2026-12-01T00:00:00+00:00", "description_sha": file_sha(l0.read_bytes())})
+    config.write_text(text.replace("[0, 30, 90]", "[0, 30]").replace("min_channels = 32", "min_channels = 8")
+                      + '[devices.local]\nbackend = "cpu"\n')
+    measured = rerun()
+    assert measured.returncode == 0, measured.stderr[-2000:]
+    assert ("manifest changed: 1 changed under the same name (tiny_vgg_l30; the profile stage measures them again), "
+            "1 changed under the same name to descriptions measured before (tiny_vgg_l0; their earlier rows count "
+            "again: the profile stage does not measure them again)") in measured.stdout
 
 
 def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:
