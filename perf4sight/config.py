@@ -337,11 +337,16 @@ def _check_paths(cfg: Config, f: Path | None) -> None:
 
 
 def _check_folders(cfg: Config, f: Path | None) -> None:
-    """[project]'s folders: each a folder where it exists (the stages make the missing ones)."""
+    """[project]'s folders: each a folder where it exists (the stages make the missing ones), and where it does not,
+    under a folder, not under a file (the stage that wrote there stopped with an OSError naming no key, exit 1)."""
     for key in ("models_dir", "profiling_dir", "fingerprint_dir", "reports_dir"):
         path = getattr(cfg, key)
         if path.exists() and not path.is_dir():
             raise UserError(f"{f}: [project] {key} = {getattr(cfg.project, key)!r} is a file ({path}), not a folder")
+        above = next((p for p in path.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise UserError(f"{f}: [project] {key} = {getattr(cfg.project, key)!r} lies under a file ({above}), "
+                            "not a folder")
 
 
 #: the keys of a device reached over SSH alone: set to other than their defaults without a host, they are a sign of

@@ -134,6 +134,9 @@ def test_good_config_is_typed(tmp_path):
      r"\[profile\] max_swap_in_mb must be >= 0, got nan"),
     ("[project]\nreports_dir = 'c.toml'\n" + GOOD,
      r"\[project\] reports_dir = 'c.toml' is a file \(.*c.toml\), not a folder$"),
+    # a folder under a file: the stage that wrote there said "[Errno 20] Not a directory: ..." and exited 1
+    ("[project]\nfingerprint_dir = 'c.toml/fp'\n" + GOOD,
+     r"\[project\] fingerprint_dir = 'c.toml/fp' lies under a file \(.*c.toml\), not a folder$"),
     (GOOD + "\n[fingerprint]\nseed = -1\n", r"\[fingerprint\] seed must be >= 0, got -1"),
     (GOOD + "\n[networks.generator]\nseed = -1\n", r"\[networks.generator\] seed must be >= 0"),
     (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
