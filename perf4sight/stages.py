@@ -200,9 +200,8 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
         changes.append(f"{len(again)} changed under the same name ({named(again)}; the profile stage measures them "
                        "again)")
     if on_record:  # e.g. a strategy switched back: the rows of the earlier run of these very descriptions count again
-        changes.append(f"{len(on_record)} changed under the same name to descriptions measured before "
-                       f"({named(on_record)}; their earlier rows count again: the profile stage does not measure them "
-                       "again)")
+        changes.append(f"{len(on_record)} changed under the same name to what the devices measured before "
+                       f"({named(on_record)}; those rows count again: the profile stage does not measure them again)")
     if made.removed:
         changes.append(f"{len(made.removed)} no longer made ({named(made.removed)}; their descriptions and "
                        "measurements stay on disk, and the later stages leave them out)")

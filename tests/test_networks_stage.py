@@ -106,7 +106,7 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     measured = rerun()
     assert measured.returncode == 0, measured.stderr[-2000:]
     assert ("manifest changed: 1 changed under the same name (tiny_vgg_l30; the profile stage measures them again), "
-            "1 changed under the same name to descriptions measured before (tiny_vgg_l0; their earlier rows count "
+            "1 changed under the same name to what the devices measured before (tiny_vgg_l0; those rows count "
             "again: the profile stage does not measure them again)") in measured.stdout
 
 
