@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.profiling.results import batch_size_of, number
+from perf4sight.wording import plural
 
 __all__ = ["normalise_step_times", "drift_line", "MIN_REFERENCES"]
 
@@ -50,7 +51,8 @@ def normalise_step_times(rows: list[dict], references: list[dict], column: str
     timed = [(t, r) for r in references if r.get("status") == "ok" and (number(r.get(column)) or 0) > 0
              and (t := _seconds(r.get("timestamp"))) is not None]  # each stamp parsed once
     if not timed:
-        return rows, {"applied": False, "reason": f"no ok reference measurement ({len(references)} rows)"}
+        return rows, {"applied": False, "reason": f"no ok reference measurement among references.csv's "
+                                                  f"{plural(len(references), 'row')}"}
     config, _ = Counter(_configuration(r) for _, r in timed).most_common(1)[0]
     timed = sorted(((t, r) for t, r in timed if _configuration(r) == config), key=lambda tr: tr[0])
     if len(timed) < MIN_REFERENCES:
