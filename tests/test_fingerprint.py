@@ -1085,7 +1085,8 @@ def test_step_times_are_divided_by_the_drift_reference_inside_its_span():
     assert "ref @ 8 (3 measurements" in drift_line(drift) and "2 rows scaled by x0.83 .. x0.91" in drift_line(drift)
     assert drift_line(why).startswith("step times not corrected for drift: 1 ok reference measurement")
     _, failed = normalise_step_times(rows, refs[-1:], "latency_ms_median")  # a reference that errored: "(1 rows)"
-    assert drift_line(failed) == "step times not corrected for drift: no ok reference measurement among references.csv's 1 row"
+    assert drift_line(failed) == ("step times not corrected for drift: no ok reference measurement among "
+                                  "references.csv's 1 row")
 
 
 def test_a_fingerprint_fitted_from_the_same_inputs_is_not_fitted_again(tmp_path):
