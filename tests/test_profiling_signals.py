@@ -209,6 +209,20 @@ def test_fleet_summary_counts_earlier_rows_and_error_rows_are_retried_when_asked
     assert len(results.read_rows(results.results_path(cfg.profiling_dir, "local"))) == 4  # the old ones stay
 
 
+def test_a_profile_with_its_stderr_in_a_file_writes_lines_and_no_bar(tmp_path, capsys):
+    """With stderr no terminal (``2> log``, CI) the progress is a line per row; rich drew its bar as well when the
+    stage ended: a line of box characters in the log after the rows' lines."""
+    from perf4sight.profiling.fleet import profile_devices
+
+    broken = write_net(tmp_path, "broken")
+    cfg = load_config(write_config(tmp_path))
+    cfg.profile.timeout_s = 0.3  # an error at each batch size, before the child has imported torch (seconds of CPU)
+    profile_devices(cfg, ["local"], [broken], show_progress=True)
+    err = capsys.readouterr().err
+    assert "local: 1/2 last: broken @ 1 error" in err and "local: 2/2 last: broken @ 2 error" in err
+    assert "━" not in err and "0:00:0" not in err, err
+
+
 def test_a_runner_that_stops_early_is_summarised_with_the_rows_it_left(tmp_path, monkeypatch):
     """A runner that died after writing rows (the disk filled up) was summarised as "failed — 0/0 rows": the
     line now counts the plan's rows on disk."""

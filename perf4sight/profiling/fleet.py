@@ -500,7 +500,8 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
     if bars is not None:
         for dev in devices:
             tasks[dev.name] = bars.add_task(dev.name, total=None, note="")
-        bars.start()
+        if log is None:  # lines instead: bars never started draw nothing at the end (a bar of box characters in a log)
+            bars.start()
     pool = ThreadPoolExecutor(max_workers=max(1, len(devices)))
     try:
         return list(pool.map(one, devices))
