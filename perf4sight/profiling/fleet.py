@@ -513,7 +513,7 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
         raise
     finally:
         pool.shutdown(wait=True)
-        if bars is not None:
+        if bars is not None and log is None:  # a stop prints an empty line where no terminal shows the bars
             bars.stop()
 
 
