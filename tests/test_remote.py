@@ -698,7 +698,8 @@ def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_pa
         assert seen == [shared] and target.is_dir()
         assert r.is_dir(str(target)) and not r.is_dir(str(tmp_path / "nope"))
         (tmp_path / "file.txt").write_text("x")
-        with pytest.raises(OSError):  # a real failure still fails
+        # a real failure still fails, and says why (SFTP's own words were "No such file")
+        with pytest.raises(NotADirectoryError, match=r"file.txt is a file, not a folder"):
             r.makedirs(str(tmp_path / "file.txt" / "sub"))
 
 

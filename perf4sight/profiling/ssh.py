@@ -14,6 +14,7 @@ Times in seconds.
 """
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
@@ -379,7 +380,9 @@ class Remote:
         for part in parts[1:]:
             cur = cur / part
             try:
-                self.sftp.stat(str(cur))
+                st = self.sftp.stat(str(cur))
+                if not stat.S_ISDIR(st.st_mode or 0):  # SFTP says "No such file" of the folder to be made under it
+                    raise NotADirectoryError(errno.ENOTDIR, f"{cur} is a file, not a folder")
             except FileNotFoundError:
                 try:
                     self.sftp.mkdir(str(cur))
