@@ -1132,11 +1132,14 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
     the named devices (else ``[compare] devices``, else every fingerprinted one); 0."""
     from perf4sight.report.compare import compare_devices
 
+    asked = args.device or cfg.compare.devices or None
     gnn_only = sorted(p.parent.name for p in cfg.fingerprint_dir.glob("*/gnn.json")
-                      if not (p.parent / "metadata.json").is_file())
+                      if not (p.parent / "metadata.json").is_file() and (asked is None or p.parent.name in asked))
     if gnn_only:  # compare shows the trees fingerprints (and their held-out figures)
-        notes.print(f"note: {', '.join(gnn_only)} only have a GNN; compare shows trees fingerprints: "
-                    "run --stage fingerprint --predictor trees (or ensemble) for them", markup=False)
+        one = len(gnn_only) == 1
+        notes.print(f"note: {', '.join(gnn_only)} {'has' if one else 'have'} only a GNN; compare shows trees "
+                    f"fingerprints: run --stage fingerprint --predictor trees (or ensemble) for "
+                    f"{'it' if one else 'them'}", markup=False)
     try:
         devices = fingerprinted_devices(cfg, args.device or cfg.compare.devices or None)
     except UserError as exc:  # the config's names: say where they are, as --stage all does

@@ -923,3 +923,15 @@ def test_the_predict_stage_computes_each_network_s_features_once(project, capsys
         assert [line["network"] for line in lines] == ["resnet18_0"] * (1 if largest else 2)
         assert computed == ["resnet18_0"], largest
         assert largest or "batch size 100000: outside the training rows'" in err
+
+def test_the_note_of_devices_with_only_a_gnn_names_those_compared(tmp_path, cli_here):
+    """compare's note of the devices that have a GNN and no trees named every such device, compared or not, and said
+    "two only have a GNN" of one device named "two": it names the devices asked for, in the number they are."""
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = ["resnet18"]\n[devices.local]\nbackend = "cpu"\n')
+    for name in ("two", "other"):
+        (tmp_path / "fingerprinting" / name).mkdir(parents=True)
+        (tmp_path / "fingerprinting" / name / "gnn.json").write_text("{}")
+    done = cli_here(tmp_path, "--config", "config.toml", "--stage", "compare", "--device", "two")
+    assert done.returncode == 2
+    assert ("note: two has only a GNN; compare shows trees fingerprints: run --stage fingerprint --predictor trees "
+            "(or ensemble) for it") in done.stderr and "other" not in done.stderr.split("error:")[0], done.stderr
