@@ -405,6 +405,24 @@ def test_a_drift_reference_is_measured_around_the_new_measurements_only(measured
         profile_devices(cfg, ["local"], [a, b], show_progress=False)
 
 
+def test_a_default_drift_reference_skips_batch_1_where_its_network_cannot_train_there(tmp_path):
+    """The default reference (the plan's first network at the smallest batch size) was batch 1 of resnet18 at 32x32,
+    whose batch norm over a 1x1 map torch refuses in training: every reference an error row, and no drift
+    correction. Left to its default, the reference takes the next batch size there; a given one is kept."""
+    pooled = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.BatchNorm2d(4), nn.Flatten(),
+                           nn.Linear(4, 10))
+    one = save_description(describe(pooled, SHAPE, "pooled"), tmp_path / "pooled.json")
+    other = write_net(tmp_path, "tiny")
+    cfg = load_config(write_config(tmp_path, batch_sizes=(1, 2, 4)))
+    cfg.profile.reference_every = 2
+    assert make_plan(cfg, "local", [one, other]).reference_batch_size == 2
+    assert make_plan(cfg, "local", [other, one]).reference_batch_size == 0  # tiny trains at batch 1: the smallest
+    cfg.profile.reference_network = "pooled"
+    assert make_plan(cfg, "local", [other, one]).reference_batch_size == 2
+    cfg.profile.reference_batch_size = 1  # asked for: as asked (its error row says why)
+    assert make_plan(cfg, "local", [other, one]).reference_batch_size == 1
+
+
 def test_timeout_gives_error_row(tmp_path):
     net = write_net(tmp_path, "slow")
     plan = TestPlan(device="local", networks=[net.name], batch_sizes=[1], timeout_s=0.3, output="m.csv")

@@ -54,6 +54,22 @@ class ProfileSummary:
         return self.ok + self.oom + self.skipped_after_oom + self.error
 
 
+def _reference_batch_size(cfg: Config, descriptions: list[str | Path]) -> int:
+    """``[profile] reference_batch_size``; where it is left to its default (0: the smallest batch size) and that is 1,
+    which the reference network cannot train (a batch norm over a 1x1 map: every reference an error row, so no drift
+    correction at all), the next batch size instead (0 where there is none)."""
+    p = cfg.profile
+    if p.reference_every <= 0 or p.reference_batch_size or p.batch_sizes[:1] != [1] or not descriptions:
+        return p.reference_batch_size
+    from perf4sight.ir.schema import load_description
+
+    descs = (load_description(d) for d in descriptions)  # read up to the reference's
+    net = next((d for d in descs if not p.reference_network or d.name == p.reference_network), None)
+    if net is None or not net.untrainable_at_batch_one:
+        return p.reference_batch_size
+    return next((b for b in p.batch_sizes if b > 1), 0)
+
+
 def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], output: str = "measurements.csv",
               relative_to: Path | None = None) -> TestPlan:
     """The test plan for ``device_name`` from the config's ``[profile]`` and ``[devices.<name>]`` tables.
@@ -78,7 +94,7 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
                     learning_rate=p.learning_rate, momentum=p.momentum, weight_decay=p.weight_decay,
                     optimizer=p.optimizer, loss=p.loss, output=output,
                     reference_every=p.reference_every, reference_network=p.reference_network,
-                    reference_batch_size=p.reference_batch_size, retry_errors=p.retry_errors,
+                    reference_batch_size=_reference_batch_size(cfg, descriptions), retry_errors=p.retry_errors,
                     op_prices_output=OP_PRICES_JSON if p.op_prices and dev.backend == "cpu" else "")
 
 

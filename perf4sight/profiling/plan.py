@@ -155,7 +155,8 @@ class TestPlan:
     ``repeats``: fresh processes that measure each (network, batch size) one after another; the row
     written is the one whose step-time median is the median of theirs (see the runner).
     ``reference_every``: a *drift reference*: the configuration ``reference_network`` (a network name of the
-    plan; "" = its first network) at ``reference_batch_size`` (0 = the smallest of ``batch_sizes``) is measured
+    plan; "" = its first network) at ``reference_batch_size`` (0 = the smallest of ``batch_sizes``; the profile stage's
+    plan gives the next where the network cannot train at batch 1, :func:`local.make_plan`) is measured
     before the first new measurement, after every ``reference_every`` new ones and after the last, each time
     appended to ``reference_output``; the fingerprint divides the step times by it (0 = no reference).
     ``op_prices_output``: where a CPU device writes the prices of the ops between the convolutions
