@@ -794,7 +794,8 @@ def _conv_description() -> dict:
     # an attribute the op cannot carry was read past: a misspelt flag left the layer as it was, unsaid
     (lambda d: d["nodes"][1]["attrs"].update(padding_mode="reflect"),
      r"\(conv2d\): unknown attr 'padding_mode' \(known: in_channels, out_channels, kernel_size, stride, padding, "
-     r"dilation, groups, bias, fixed, standardize_unbiased, standardize_eps, spectral_norm_eps, standardize, "
+     r"dilation, groups, bias, fixed, standardize_unbiased, standardize_eps, standardize_scale, spectral_norm_eps, "
+     r"standardize, "
      r"weight_norm, spectral_norm, spectral_norm_iterations, shares\)$"),
     (lambda d: d.update(schema_version=2), r"schema_version 2 is not one this perf4sight reads \(1 to 1;"),
     (lambda d: d.update(output=[d["output"]]), r"output must be the name of a node, got \['"),

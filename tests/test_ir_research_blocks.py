@@ -89,6 +89,23 @@ class _StandardisedByBatchNorm(nn.Conv2d):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _ScaledStandardised(nn.Conv2d):
+    """NFNets' scaled weight standardisation (Brock et al. 2021) as timm's ScaledStdConv2d writes it: the weight
+    standardised per output channel by F.batch_norm, whose weight is a learnt gain per output channel times the fixed
+    gamma / sqrt(fan_in)."""
+
+    def __init__(self, *args, gamma: float = 1.7, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gain = nn.Parameter(torch.full((self.out_channels, 1, 1, 1), 0.5) + 0.1 * torch.randn(self.out_channels,
+                                                                                                     1, 1, 1))
+        self.scale, self.eps = gamma * self.weight[0].numel() ** -0.5, eps
+
+    def forward(self, x):
+        w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
+                         weight=(self.gain * self.scale).view(-1), training=True, momentum=0., eps=self.eps)
+        return F.conv2d(x, w.reshape_as(self.weight), self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class _StandardisedByStd(nn.Conv2d):
     """Weight standardisation as its paper's summary writes it: less the mean, over the (unbiased) std plus eps."""
 
@@ -684,6 +701,9 @@ def test_a_hook_that_fails_on_the_layers_shapes_is_refused_as_untold():
 _STANDARDISED = {
     "timm's F.batch_norm": (lambda: _StandardisedByBatchNorm(8, 8, 3, padding=1),
                             {"standardize": "batch_norm", "standardize_eps": 1e-6}),
+    "NFNets' scaled, with a gain": (lambda: _ScaledStandardised(8, 8, 3, padding=1, groups=2),
+                                    {"standardize": "batch_norm", "standardize_eps": 1e-6,
+                                     "standardize_scale": 1.7 * 36 ** -0.5}),
     "the std": (lambda: _StandardisedByStd(8, 8, 3, padding=1, groups=2),
                 {"standardize": "std", "standardize_eps": 1e-5, "standardize_unbiased": True}),
     "the variance's square root": (lambda: _StandardisedConv(8, 8, 3, padding=1),
@@ -801,6 +821,42 @@ def test_standardize_attrs_are_checked():
         node["attrs"] = {k: v for k, v in {**node["attrs"], **change}.items() if v is not None}
         with pytest.raises(UserError, match=said):
             NetworkDescription.from_dict(changed)
+    data = describe(_Block(_ScaledStandardised(8, 8, 3, padding=1)), SHAPE, name="probe").to_dict()
+    NetworkDescription.from_dict(data)
+    for change, said in (({"standardize": "var"}, "attr 'standardize_scale' is for standardize 'batch_norm'"),
+                         ({"standardize": None, "standardize_eps": None}, "attr 'standardize_scale' is for a conv2d "
+                                                                          "of 'standardize'"),
+                         ({"standardize_scale": "1.0"}, "attr 'standardize_scale' must be a number")):
+        changed = {**data, "nodes": [dict(n) for n in data["nodes"]]}
+        node = changed["nodes"][2]
+        node["attrs"] = {k: v for k, v in {**node["attrs"], **change}.items() if v is not None}
+        with pytest.raises(UserError, match=said):
+            NetworkDescription.from_dict(changed)
+
+
+def test_a_network_of_scaled_standardised_convolutions_prunes_and_trains():
+    """NFNets' ScaledStdConv2d's gain, one an output channel, is cut with its layer's output channels (torch-pruning
+    counts it the layer's and left it whole: every group through such a layer was left out, and 30% was out of
+    reach), at 30 and 60%; the fixed scale stays the unpruned layer's, as the cut module computes it; a training step
+    of each pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.conv = nn.Conv2d(3, 8, 3, padding=1), _ScaledStandardised(8, 16, 3, padding=1)
+            self.conv2, self.fc = _ScaledStandardised(16, 16, 3, padding=1), nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.conv2(self.conv(self.stem(x).relu()).relu()).mean((2, 3)))
+    scales = [None, 1.7 * 72 ** -0.5, 1.7 * 144 ** -0.5]
+    for desc, widths in zip(prune_source(Source("net", "test", Net), SHAPE, [30, 60], "l1-norm", 2, seed=0),
+                            ([7, 13, 13], [5, 9, 10])):
+        assert [(n.attrs["out_channels"], n.attrs.get("standardize_scale")) for n in desc.nodes
+                if n.op == "conv2d"] == list(zip(widths, scales))
+        _train_step(desc)
 
 
 def test_a_network_of_standardised_convolutions_prunes_and_trains():

@@ -42,6 +42,8 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     pedges = [None if ctx.first_param + k in ctx.frozen else ("param", ctx.first_param + k)  # frozen: no gradient
               for k in range(len(pbytes))]
     if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
+        if "standardize_scale" in n.attrs:  # ScaledStdConv2d's gain, its last parameter: read by the batch norm alone
+            pbytes, pedges = pbytes[:-1], pedges[:-1]
         standardised = _standardised_weight(ctx, pbytes[0]) if n.attrs.get("standardize") else None
         if standardised is not None:  # the weight read is the standardised one, kept: its node the parameter's
             pedges[0] = ("fn", standardised[1])
@@ -102,14 +104,33 @@ def _standardised_weight(ctx: _OpContext, nbytes: int) -> tuple[int, int, list[i
     shape = tuple(_weight_shape(ctx.node))
     if form == "batch_norm":  # F.batch_norm of the weight viewed [1, out, -1]: torch's empty reserve, freed at once;
         # the standardised weight, a mean and a 1/std per output channel, both kept; backward native_batch_norm_backward
+        gain = _scaled_gain(ctx, shape[0]) if "standardize_scale" in ctx.node.attrs else None
         reserve = ctx.alloc("empty.memory_format", 0)
         sid = ctx.alloc("native_batch_norm.default", nbytes)
         stats = [ctx.alloc("native_batch_norm.default", shape[0] * FLOAT, holders=0) for _ in range(2)]
         ctx.mem.drop(reserve)
-        fn = ctx.grad_fn(stats, [("param", ctx.first_param)], [nbytes], ["aten.native_batch_norm_backward.default"],
-                         out_shape=shape, shapes=[shape])
+        edges, sizes, shapes = [("param", ctx.first_param)], [nbytes], [shape]
+        if gain is not None:  # the batch norm keeps its weight too, and hands it a gradient (the kernel's second)
+            stats, edges, sizes, shapes = stats + [gain[0]], edges + [("fn", gain[1])], sizes + [shape[0] * FLOAT], \
+                shapes + [(shape[0],)]
+        fn = ctx.grad_fn(stats, edges, sizes, ["aten.native_batch_norm_backward.default"] * len(edges),
+                         out_shape=shape, shapes=shapes)
         return sid, fn, [sid]
     return _by_moments(ctx, form, nbytes, shape)
+
+
+def _scaled_gain(ctx: _OpContext, out: int) -> tuple[int, int]:
+    """NFNets' ScaledStdConv2d's batch norm weight, ``(gain * scale).view(-1)`` (the conv2d's ``standardize_scale``;
+    the gain its last parameter): the product's storage (a temporary the batch norm keeps) and the view's autograd
+    node; backward the product's node allocates the gain's gradient (``aten.mul.Tensor``: the incoming one times the
+    scale)."""
+    gain = ("param", ctx.first_param + len(_params(ctx.node)[0]) - 1)
+    sid = ctx.alloc("mul.Tensor", out * FLOAT, holders=0)
+    product = ctx.grad_fn([], [gain], [out * FLOAT], ["aten.mul.Tensor"], out_shape=(out, 1, 1, 1),
+                          shapes=[(out, 1, 1, 1)])
+    view = ctx.grad_fn([], [("fn", product)], [out * FLOAT], [None], handoff="view", out_shape=(out,),
+                       shapes=[(out, 1, 1, 1)])
+    return sid, view
 
 
 def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[int, int, list[int]]:

@@ -170,7 +170,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
         if a.get("fixed"):  # its filter a buffer (a blur pool's), no bias
             return [], [w]
-        return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
+        gain = [a["out_channels"] * FLOAT] if "standardize_scale" in a else []  # a scaled standardisation's gain
+        return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]) + gain, []
     if node.op == "batchnorm2d":  # a weight and a bias unless not affine; the running mean, variance and count
         c = a["num_features"] * FLOAT  # unless it tracks no running statistics
         return ([c, c] if a.get("affine", True) else []), ([c, c, INT64] if a.get("track_running_stats", True) else [])

@@ -105,6 +105,17 @@ def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
                    batch_saved=cost.batch_saved + tuple(float(b) for b in kept))
 
 
+def _scaled_gain(cost: OpCost, cout: int) -> OpCost:
+    """``cost`` of a conv2d standardised by ``batch_norm`` whose batch norm's weight is a learnt gain per output channel
+    times a fixed scale (its attr ``standardize_scale``: NFNets' ScaledStdConv2d, ``(gain * scale).view(-1)``): the
+    gain's ``cout`` parameters, a tensor more; the product, a kernel forward, and the gain's gradient, the incoming one
+    times the scale, one back (torch 2.14, a dispatch log; native_batch_norm_backward's count unchanged: it writes the
+    weight's gradient too); kept once a step, the product, which the batch norm reads (``cout`` floats)."""
+    return replace(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
+                   kernels_fwd=cost.kernels_fwd + 1, kernels_bwd=cost.kernels_bwd + 1,
+                   batch_saved=cost.batch_saved + (float(cout * BYTES_PER_ELEMENT),))
+
+
 def _weight_normed(cost: OpCost, weights: int, cout: int) -> OpCost:
     """``cost`` of a conv2d or linear whose weight is g * v / ||v|| per output channel (its attr ``weight_norm``,
     either form): g's ``cout`` parameters, a tensor more (v is the weight's); torch's one kernel forward
@@ -161,7 +172,10 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
         return _weight_normed(cost, weights, cout)
     if a.get("spectral_norm"):
         return _spectral_normed(cost, weights, cout, int(a.get("spectral_norm_iterations", 1)))
-    return _standardized(cost, a["standardize"], weights, cout) if a.get("standardize") else cost
+    if not a.get("standardize"):
+        return cost
+    cost = _standardized(cost, a["standardize"], weights, cout)
+    return _scaled_gain(cost, cout) if "standardize_scale" in a else cost
 
 
 def _conv_transpose2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

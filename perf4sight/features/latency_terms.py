@@ -136,6 +136,9 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
         for back in (False,) * fwd + (True,) * bwd:
             r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes, back)
+        if "standardize_scale" in a:  # ScaledStdConv2d's gain times its scale, and back: a float an output channel
+            for back in (False, True):
+                r.other(BANDWIDTH, 0.0, 0.0, 2.0 * cout * BYTES_PER_ELEMENT, back)
 
 
 def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:

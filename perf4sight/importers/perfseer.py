@@ -458,8 +458,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
         weights = a["out_channels"] * (a["in_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
         fixed = {"fixed": True} if args.get("fixed") else {}  # ours: its filter a buffer (a blur pool's)
-        fixed.update((k, args[k]) for k in ("standardize", "standardize_eps", "standardize_unbiased", "weight_norm",
-                                            "spectral_norm", "spectral_norm_iterations", "spectral_norm_eps")
+        fixed.update((k, args[k]) for k in ("standardize", "standardize_eps", "standardize_unbiased",
+                                            "standardize_scale", "weight_norm", "spectral_norm",
+                                            "spectral_norm_iterations", "spectral_norm_eps")
                      if k in args)
         return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes)), **fixed}
     if op == "conv_transpose2d":

@@ -31,8 +31,11 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # conv2d: of the optional flag fixed (false), its filter a buffer, learnt nothing (a blur pool's), and no bias;
     # optional standardize (STANDARDIZATIONS: its weight the parameter standardised per output channel at every
     # forward, as written: BiT's and timm's StdConv2d), with standardize_eps (1e-5) and, but for batch_norm,
-    # standardize_unbiased (true: torch's default); optional weight_norm (WEIGHT_NORMS: its weight g * v / ||v|| per
-    # output channel, from two parameters, as torch's weight_norm computes it at every forward)
+    # standardize_unbiased (true: torch's default), and for batch_norm standardize_scale (NFNets' ScaledStdConv2d: the
+    # standardised weight times a learnt gain per output channel, a parameter [out, 1, 1, 1], times this fixed scale,
+    # gamma * fan_in ** -0.5, as F.batch_norm's weight (gain * scale).view(-1)); optional weight_norm (WEIGHT_NORMS:
+    # its weight g * v / ||v|| per output channel, from two parameters, as torch's weight_norm computes it at every
+    # forward)
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     # optional eps (1e-5), momentum (0.1; null: torch's cumulative average), affine (true: a weight and bias),
@@ -374,7 +377,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "linspace": (("start", None, None), ("end", None, None)),
-    "conv2d": (("standardize_eps", 0, None), ("spectral_norm_eps", 0, None)),
+    "conv2d": (("standardize_eps", 0, None), ("standardize_scale", None, None), ("spectral_norm_eps", 0, None)),
     "linear": (("spectral_norm_eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
     "instancenorm": (("eps", 0, None), ("momentum", 0, 1)),
@@ -585,7 +588,7 @@ def _standardize_problem(attrs: Dict[str, Any]) -> str:
     """What is wrong with a conv2d's weight standardisation attrs ("" if nothing)."""
     form = attrs.get("standardize")
     if form is None:
-        extra = [a for a in ("standardize_eps", "standardize_unbiased") if a in attrs]
+        extra = [a for a in ("standardize_eps", "standardize_unbiased", "standardize_scale") if a in attrs]
         return f"attr '{extra[0]}' is for a conv2d of 'standardize'" if extra else ""
     if form not in STANDARDIZATIONS:
         return f"attr 'standardize' must be one of {', '.join(STANDARDIZATIONS)}, got {form!r}"
@@ -593,6 +596,8 @@ def _standardize_problem(attrs: Dict[str, Any]) -> str:
         return "a fixed conv2d (its filter a buffer) has no weight to standardize"
     if form == "batch_norm" and "standardize_unbiased" in attrs:
         return "attr 'standardize_unbiased' is not for standardize 'batch_norm' (a batch norm's variance is biased)"
+    if form != "batch_norm" and "standardize_scale" in attrs:
+        return "attr 'standardize_scale' is for standardize 'batch_norm' (NFNets' ScaledStdConv2d, as timm writes it)"
     return ""
 
 
@@ -1084,13 +1089,15 @@ def count_params(desc: NetworkDescription) -> int:
 
 def node_params(n: Node) -> int:
     """Trainable parameters of one node's layer, as the schema defines them (conv unless fixed, with weight_norm's gain
-    per output channel, batch, layer and group
+    per output channel or a scaled standardisation's, batch, layer and group
     norm unless not affine, an instance norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors
     of scale, shift and token), whether it owns them or ``shares`` them."""
     a = n.attrs
     if n.op == "conv2d" and a.get("fixed"):  # its filter a buffer
         return 0
     gains = a.get("out_channels", a.get("out_features", 0)) if a.get("weight_norm") else 0  # weight_norm's g
+    if n.op == "conv2d" and "standardize_scale" in a:  # ScaledStdConv2d's learnt gain, one an output channel
+        gains = a["out_channels"]
     if n.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
         bias = a["out_channels"] if a["bias"] else 0

@@ -36,6 +36,7 @@ STANDARDIZE_ATTRS = "perf4sight_standardize_attrs"
 _DIVS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide"}
 _SUBS = {operator.sub, torch.sub, "sub"}
 _ADDS = {operator.add, torch.add, "add"}
+_MULS = {operator.mul, torch.mul, "mul"}
 _SQRTS = {torch.sqrt, "sqrt"}
 _MEANS = {torch.mean, "mean"}
 _STDS = {torch.std, "std"}
@@ -151,13 +152,36 @@ def _by_batch_norm(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     out = _shape(p)[0]
     if not _is(flat, {"reshape", "view"}) or flat.args[:1] != (p,) or list(flat.args[1:]) not in ([1, out, -1],):
         return None
-    if any(_arg(bn, i, key) is not None for i, key in ((1, "running_mean"), (2, "running_var"), (3, "weight"),
-                                                       (4, "bias"))) or _arg(bn, 5, "training") is not True:
+    if any(_arg(bn, i, key) is not None for i, key in ((1, "running_mean"), (2, "running_var"), (4, "bias"))) or \
+            _arg(bn, 5, "training") is not True:
         return None
     eps = _arg(bn, 7, "eps", 1e-5)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         return None
-    return p, {"standardize": "batch_norm", "standardize_eps": float(eps)}, [flat, bn, w]
+    attrs, chain = {"standardize": "batch_norm", "standardize_eps": float(eps)}, [flat, bn, w]
+    if _arg(bn, 3, "weight") is not None:  # NFNets' ScaledStdConv2d: (gain * scale).view(-1), gain [out, 1, 1, 1]
+        scaled = _scaled_gain(_arg(bn, 3, "weight"), out)
+        if scaled is None:
+            return None
+        attrs["standardize_scale"] = scaled[0]
+        chain[1:1] = scaled[1]
+    return p, attrs, chain
+
+
+def _scaled_gain(weight: Any, out: int) -> Optional[tuple[float, list[fx.Node]]]:
+    """``(scale, [product, view])`` where ``weight`` (a batch norm's) is NFNets' learnt gain times a fixed scale,
+    as timm's ScaledStdConv2d writes it: ``(gain * scale).view(-1)`` (``scale * gain``; ``reshape(-1)``), ``gain``
+    a parameter of ``[out, 1, 1, 1]``; None otherwise."""
+    if not _is(weight, {"view", "reshape"}) or weight.kwargs or list(weight.args[1:]) not in ([-1], [(-1,)]):
+        return None
+    product = weight.args[0]
+    if not _is(product, _MULS) or len(product.args) != 2 or product.kwargs:
+        return None
+    gain, scale = product.args if isinstance(product.args[0], fx.Node) else product.args[::-1]
+    if not isinstance(gain, fx.Node) or gain.op != "get_attr" or isinstance(scale, bool) or \
+            not isinstance(scale, (int, float)) or _shape(gain) != (out, 1, 1, 1):
+        return None
+    return float(scale), [product, weight]
 
 
 def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
@@ -223,12 +247,13 @@ def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
         inside = set(chain) | {n}
         if all(set(m.users) <= inside for m in chain) and list(w.users) == [n]:
             found.append((n, w, p, attrs, chain))
-    readers: dict[fx.Node, set] = {}
-    for _, _, p, _, chain in found:
-        readers.setdefault(p, set()).update(chain)
+    readers: dict[fx.Node, set] = {}  # each module tensor a spelling reads (its parameter, a gain) -> the nodes
+    for _, _, _, _, chain in found:
+        for held in {a for m in chain for a in m.all_input_nodes if a.op == "get_attr"}:
+            readers.setdefault(held, set()).update(chain)
     taken: dict[str, fx.Node] = {}
     for n, w, p, attrs, chain in found:
-        if set(p.users) <= readers[p]:
+        if all(set(a.users) <= readers[a] for m in chain for a in m.all_input_nodes if a.op == "get_attr"):
             w.meta[STANDARDIZES] = p
             n.meta[STANDARDIZE_ATTRS] = attrs
             taken.update((m.name, p) for m in chain)

@@ -63,20 +63,25 @@ class FixedConv2d(nn.Conv2d):
 class StandardizedConv2d(nn.Conv2d):
     """An ``nn.Conv2d`` whose weight is its parameter standardised per output channel at every forward (weight
     standardisation: BiT's and timm's StdConv2d), computed as ``standardize`` says (the schema's STANDARDIZATIONS),
-    each as it is written, so that torch runs its kernels."""
+    each as it is written, so that torch runs its kernels. A ``scale`` (``batch_norm`` alone: NFNets'
+    ScaledStdConv2d, as timm writes it) gives it a learnt gain per output channel, ``[out, 1, 1, 1]``, initialised to
+    ones, which times ``scale`` is the batch norm's weight."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: List[int], stride: List[int],
                  padding: List[int], dilation: List[int], groups: int, bias: bool, standardize: str,
                  eps: float = 1e-5, unbiased: bool = True,
-                 device: Optional[Union[torch.device, str]] = None) -> None:
+                 device: Optional[Union[torch.device, str]] = None, scale: Optional[float] = None) -> None:
         super().__init__(in_channels, out_channels, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation),
                          groups, bias, device=device)
-        self.standardize, self.eps, self.unbiased = standardize, eps, unbiased
+        self.standardize, self.eps, self.unbiased, self.scale = standardize, eps, unbiased, scale
+        if scale is not None:
+            self.gain = nn.Parameter(torch.ones(out_channels, 1, 1, 1, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if self.standardize == "batch_norm":
-            w = F.batch_norm(w.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.,
+            gain = None if self.scale is None else (self.gain * self.scale).view(-1)
+            w = F.batch_norm(w.reshape(1, self.out_channels, -1), None, None, weight=gain, training=True, momentum=0.,
                              eps=self.eps).reshape_as(w)
         elif self.standardize == "std":
             w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True, unbiased=self.unbiased)
@@ -455,6 +460,7 @@ def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
         return StandardizedConv2d(a["in_channels"], a["out_channels"], a["kernel_size"], a["stride"], a["padding"],
                                   a["dilation"], a["groups"], bool(a["bias"]), a["standardize"],
                                   float(a.get("standardize_eps", 1e-5)), bool(a.get("standardize_unbiased", True)),
+                                  scale=None if a.get("standardize_scale") is None else float(a["standardize_scale"]),
                                   **factory)
     return _normed(nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
                              _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory), a)

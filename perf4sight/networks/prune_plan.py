@@ -563,7 +563,23 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
         groups.append(CoupledGroup(names[g[0].dep.target.module], channels, deps, units))
     _rms_norm_cuts(groups, modules)
     _instance_norm_cuts(groups, modules)
+    _gain_cuts(groups, modules)
     return groups, notes
+
+
+def _gain_cuts(groups: list[CoupledGroup], modules: dict[str, nn.Module]) -> None:
+    """Each convolution's own parameter beyond its weight and bias of one value per output channel, ``[out, 1, 1,
+    1]`` (NFNets' ScaledStdConv2d's gain), cut with its output channels: torch-pruning counts it the layer's and
+    leaves it whole (the cut network then failed at its first forward, the batch norm's weight too long, and every
+    group through such a layer was left out)."""
+    for g in groups:
+        for d in list(g.deps):
+            m = modules.get(d.module)
+            if not isinstance(m, nn.Conv2d) or "out" not in getattr(d.handler, "__name__", ""):
+                continue
+            for name, p in m.named_parameters(recurse=False):
+                if name not in ("weight", "bias") and tuple(p.shape) == (m.out_channels, 1, 1, 1):
+                    g.deps.append(Dep(f"{d.module}.{name}", parameter_cut(0), d.roots, d.targets))
 
 
 def set_limits(groups: list[CoupledGroup], model: nn.Module, min_channels: int) -> None:
