@@ -284,8 +284,10 @@ _REFUSED = {
                                           r"probe: call_function 'linspace' \(node linspace: values made in the "
                                           r"forward from numbers alone, as CoordConv's coordinate channels; those of "
                                           r"torch.linspace viewed along the rows or the columns and expanded over "
-                                          r"the map, x.shape's sizes, describe: the op linspace\) has no description "
-                                          r"op"),
+                                          r"the map, x.shape's sizes, describe: the op linspace, as do the "
+                                          r"PyTorch port's AddCoords ones, torch.arange\(n\).repeat\(1, m, 1\) "
+                                          r"scaled by .float\(\) / \(n - 1\) and copied over the batch by "
+                                          r".repeat\(b, 1, 1, 1\).transpose\(2, 3\)\) has no description op"),
     "weight standardisation by chained means": (lambda: _Block(_StandardisedByChainedMeans(8, 8, 3, padding=1)),
                                                 r"probe: the convolution conv2d's weight is computed in the forward "
                                                 r"from the parameter block.weight \(weight standardisation, a weight "
@@ -936,6 +938,81 @@ def test_coordconv_channels_are_the_op_linspace(make):
     assert back.to_dict() == desc.to_dict()
 
 
+class _AddCoords(nn.Module):
+    """CoordConv as its common PyTorch port writes it (an AddCoords layer): each coordinate an arange over its side,
+    copied over the other, scaled to -1..1 and copied over the batch; made on the CPU, cast to the map's type."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels + 2, channels, 3, padding=1)
+
+    def forward(self, x):
+        batch, _, rows, cols = x.size()
+        down = torch.arange(rows).repeat(1, cols, 1)
+        across = torch.arange(cols).repeat(1, rows, 1).transpose(1, 2)
+        down = down.float() / (rows - 1) * 2 - 1
+        across = across.float() / (cols - 1) * 2 - 1
+        down = down.repeat(batch, 1, 1, 1).transpose(2, 3)
+        across = across.repeat(batch, 1, 1, 1).transpose(2, 3)
+        return self.conv(torch.cat([x, down.type_as(x), across.type_as(x)], 1))
+
+
+class _AddCoordsOnTheDevice(_AddCoords):
+    """The port made on the map's device, 0 to 1, the columns' channel first (no cast)."""
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        across = torch.arange(w, device=x.device).repeat(1, h, 1).transpose(1, 2).float() / (w - 1)
+        down = torch.arange(h, device=x.device).repeat(1, w, 1).float() / (h - 1)
+        return self.conv(torch.cat([across.repeat(n, 1, 1, 1).transpose(2, 3), x,
+                                    down.repeat(n, 1, 1, 1).transpose(2, 3)], 1))
+
+
+@pytest.mark.parametrize("make", [_AddCoords, _AddCoordsOnTheDevice])
+def test_coordconv_channels_by_arange_are_a_linspace_made_by_arange(make):
+    """CoordConv's channels as its PyTorch port writes them (torch.arange copied over the map, scaled, copied over
+    the batch by repeat) were refused ("call_function 'arange' has no description op"): each is the op linspace of
+    made arange, rebuilt as written on the map's device. The rebuilt module computes the original's output and
+    gradients and runs its kernels (7 a channel from -1, 5 from 0; none back; no gradient to the map); nothing is
+    kept (autograd's saved bytes per sample are the features'); the allocation model writes it down as the meta
+    trace (batches 3 and 1: its temporaries once a step, its copy a sample); a PerfSeer graph keeps it."""
+    from test_allocator import _as_replayed
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.to_torch import build_module
+
+    module = _Block(make())
+    desc = _computes_the_same(module)
+    lines = [n for n in desc.nodes if n.op == "linspace"]
+    start, dims = (-1.0, [2, 3]) if make is _AddCoords else (0.0, [3, 2])
+    assert [(n.inputs, n.attrs, n.output_shape) for n in lines] == [
+        (["conv"], {"start": start, "end": 1.0, "dim": d, "made": "arange"}, [1, 8, 8]) for d in dims]
+    rebuilt = build_module(desc)
+    again = describe(rebuilt, SHAPE, name="probe")  # (the port's type_as names its nodes: the rebuilt's transpose)
+    assert [(n.op, n.attrs, n.output_shape) for n in again.nodes] == [(n.op, n.attrs, n.output_shape)
+                                                                     for n in desc.nodes]
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(rebuilt) and ran["arange"] == 2 and ran["repeat"] == 4
+    visits = {v.node.name: v for v in walk(desc)}
+    kernels = 7 if start == -1 else 5
+    assert [(visits[n.name].cost.kernels_fwd, visits[n.name].cost.kernels_bwd, visits[n.name].needs_grad)
+            for n in lines] == [(kernels, 0, False)] * 2
+    assert sum(ran.get(k, 0) for k in ("arange", "repeat", "_to_copy", "div", "mul", "sub")) == 2 * kernels
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+    back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
 def test_a_linspace_of_another_dim_is_refused_on_reading():
     """A linspace along the channels (dim 1) or of a map that is no [C, H, W] is refused when the description is
     read."""
@@ -946,6 +1023,16 @@ def test_a_linspace_of_another_dim_is_refused_on_reading():
     next(n for n in data["nodes"] if n["op"] == "linspace")["attrs"]["dim"] = 1
     with pytest.raises(UserError, match=r"dim 1 must be 2 or 3 \(the rows or the columns\) of a \[C, H, W\] map"):
         NetworkDescription.from_dict(data)
+    data = describe(_Block(_AddCoords()), SHAPE, name="probe").to_dict()
+    NetworkDescription.from_dict(data)
+    for change, said in (({"made": "meshgrid"}, "attr 'made' must be one of arange, got 'meshgrid'"),
+                         ({"start": 0.5}, r"a linspace made by arange runs from -1 or 0 to 1 \(i / \(n - 1\), times 2 "
+                                          r"less 1\), got 0.5 to 1.0")):
+        changed = {**data, "nodes": [dict(n) for n in data["nodes"]]}
+        node = next(n for n in changed["nodes"] if n["op"] == "linspace")
+        node["attrs"] = {**node["attrs"], **change}
+        with pytest.raises(UserError, match=said):
+            NetworkDescription.from_dict(changed)
 
 
 def test_a_network_with_coordconv_prunes_and_trains():
@@ -966,6 +1053,27 @@ def test_a_network_with_coordconv_prunes_and_trains():
     assert [(n.op, n.output_shape[0]) for n in desc.nodes if n.op in ("conv2d", "linspace", "cat")] == [
         ("conv2d", 5), ("linspace", 1), ("linspace", 1), ("cat", 7), ("conv2d", 6)]
     _train_step(desc)
+
+
+def test_a_network_with_coordconv_by_arange_prunes_at_30_and_60_percent_and_trains():
+    """torch-pruning cuts the map's channels before the port's coordinate channels (made by arange, left whole) at
+    30 and 60%, and a training step of each pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.coord, self.fc = nn.Conv2d(3, 16, 3, padding=1), _AddCoords(16), nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.coord(self.stem(x).relu()).relu().mean((2, 3)))
+    for desc in prune_source(Source("net", "test", Net), SHAPE, [30, 60], "l1-norm", 2, seed=0):
+        made = [(n.op, n.output_shape[0], n.attrs.get("made")) for n in desc.nodes if n.op in ("linspace", "cat")]
+        assert made[:2] == [("linspace", 1, "arange")] * 2 and made[2][1] == 2 + next(
+            n.output_shape[0] for n in desc.nodes if n.op == "conv2d") < 18
+        _train_step(desc)
 
 
 def test_a_standardised_convolution_called_twice_shares_its_parameter():

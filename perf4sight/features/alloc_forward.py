@@ -633,9 +633,36 @@ def _logsumexp(ctx: _OpContext) -> _Value:
 
 def _linspace(ctx: _OpContext) -> _Value:
     """CoordConv's coordinate channel: torch.linspace's row or column of floats (aten.linspace), the batch's channel
-    a view of it; no gradient (its input's shape alone read)."""
+    a view of it; no gradient (its input's shape alone read). One ``made`` by arange: :func:`_arange_coordinates`."""
+    if ctx.node.attrs.get("made") == "arange":
+        return _arange_coordinates(ctx)
     nbytes = int(ctx.in_shapes[0][int(ctx.node.attrs["dim"]) - 1]) * FLOAT
     return _Value(ctx.alloc("linspace.default", nbytes), nbytes, None)
+
+
+def _arange_coordinates(ctx: _OpContext) -> _Value:
+    """A coordinate channel made as CoordConv's PyTorch port writes it (``to_torch._coordinates``): the arange (int64
+    steps), its copy over the map (repeat), freed with the scaled map once the copy over the batch is made; the cast
+    to float and the division (the cast freed after it) and, from -1, the product and the difference (the division
+    and the product freed after it); then the batch's copy, the output. No gradient."""
+    a, (_, h, w) = ctx.node.attrs, ctx.in_shapes[0]
+    hw, drop = h * w, ctx.mem.drop
+    line = ctx.alloc("arange.default", (h if int(a["dim"]) == 2 else w) * INT64)
+    counted = ctx.alloc("repeat.default", hw * INT64)
+    drop(line)
+    floated = ctx.alloc("_to_copy.default", hw * FLOAT)
+    scaled = ctx.alloc("div.Tensor", hw * FLOAT)
+    drop(floated)
+    if float(a["start"]) == -1:
+        doubled = ctx.alloc("mul.Tensor", hw * FLOAT)
+        shifted = ctx.alloc("sub.Tensor", hw * FLOAT)
+        drop(scaled)
+        drop(doubled)
+        scaled = shifted
+    sid = ctx.alloc("repeat.default")
+    drop(counted)
+    drop(scaled)
+    return _Value(sid, ctx.nbytes, None)
 
 
 def _cumsum(ctx: _OpContext) -> _Value:

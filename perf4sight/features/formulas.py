@@ -1154,8 +1154,21 @@ def _sampled_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: l
 def _linspace(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """CoordConv's coordinate channel (torch.linspace viewed and expanded): one kernel forward writing a row or a
     column of floats once a step (no per-sample bytes: the batch's channel is a view of it), nothing back, nothing
-    kept; its input's shape alone read (no gradient through it: :data:`NO_GRADIENT_OPS`)."""
+    kept; its input's shape alone read (no gradient through it: :data:`NO_GRADIENT_OPS`). One ``made`` by arange
+    (:func:`_arange_coordinates`) copies its values over the batch."""
+    if node.attrs.get("made") == "arange":
+        return _arange_coordinates(node)
     return OpCost(kernels_fwd=1, kind="other")
+
+
+def _arange_coordinates(node: Node) -> OpCost:
+    """A coordinate channel made as CoordConv's PyTorch port writes it (the linspace's ``made`` ``arange``): once a
+    step the arange, its copy over the map by repeat, the cast to float, the division and, where it starts at -1,
+    the product and the difference (a dispatch log, torch 2.14), then per sample its copy over the batch by repeat:
+    ``H x W`` floats read and written a sample. Nothing back, nothing kept."""
+    hw = numel(node.output_shape)
+    return OpCost(bytes_read=float(hw * BYTES_PER_ELEMENT), bytes_written=float(hw * BYTES_PER_ELEMENT),
+                  kernels_fwd=7 if float(node.attrs["start"]) == -1 else 5, kind="other")
 
 
 #: Ops whose output needs no gradient, whatever their inputs (they read their input's shape alone): torch makes

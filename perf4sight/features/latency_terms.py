@@ -141,6 +141,15 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
                 r.other(BANDWIDTH, 0.0, 0.0, 2.0 * cout * BYTES_PER_ELEMENT, back)
 
 
+def _arange_coordinates(r: _Rows, node: Node, kernels: int) -> None:
+    """A coordinate channel made by arange (formulas._arange_coordinates): its ``kernels - 1`` kernels over the
+    ``H x W`` map once a step (a read and a write each), then its copy over the batch, a write a sample."""
+    hw = float(numel(node.output_shape)) * BYTES_PER_ELEMENT
+    for _ in range(kernels - 1):
+        r.other(BANDWIDTH, 0.0, 0.0, 2 * hw)
+    r.other(BANDWIDTH, 0.0, hw, hw)
+
+
 def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
     """A conv2d's or linear's ``weight_norm``, once a step: its kernel forward (v read, the weight written) and back
     (the weight's gradient and v read, v's gradient written), bandwidth rows over the weight; its ``spectral_norm``'s
@@ -540,6 +549,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _window_attention(r, node)
         elif op == "group_attention":
             _group_attention(r, node, first)
+        elif op == "linspace" and node.attrs.get("made") == "arange":
+            _arange_coordinates(r, node, visit.cost.kernels_fwd)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
             composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp", "where",

@@ -614,7 +614,7 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         if any(args.get(k) is None for k in ("start", "end", "dim")):
             raise UserError(f"{where}: a CoordinateChannel without its start, end and dim (args)")
         return {"start": _number(args["start"], f"{where} start"), "end": _number(args["end"], f"{where} end"),
-                "dim": int(_number(args["dim"], f"{where} dim"))}
+                "dim": int(_number(args["dim"], f"{where} dim")), **({"made": args["made"]} if "made" in args else {})}
     if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
         if args.get("dim", args.get("axis")) is None:
             raise UserError(f"{where}: a CumSum without its axis (args: dim)")

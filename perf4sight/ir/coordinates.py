@@ -7,12 +7,22 @@ A coordinate channel of a map ``x`` is written::
     cols = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)   # dim 3
 
 (``reshape`` for ``view``; ``device=x.device`` and a float32 ``dtype`` at the call), then concatenated to the map.
-Its three nodes are one description node, the expand's, whose input is ``x`` (its shape alone read). Any other way
-of making values from numbers (a ``repeat`` of them, an ``arange``, a linspace read otherwise) is not one, and stays
-refused by name.
+Its three nodes are one description node, the expand's, whose input is ``x`` (its shape alone read). The common
+PyTorch port of CoordConv (an ``AddCoords`` layer) writes them by ``torch.arange`` instead, copied over the map and
+the batch, the linspace's attr ``made`` ``arange``::
+
+    rows = torch.arange(h).repeat(1, w, 1)                       # [1, w, h]
+    cols = torch.arange(w).repeat(1, h, 1).transpose(1, 2)       # [1, w, h]
+    rows = rows.float() / (h - 1) * 2 - 1                        # (cols: / (w - 1)); without * 2 - 1: 0 to 1
+    rows = rows.repeat(b, 1, 1, 1).transpose(2, 3)               # [b, 1, h, w], a copy a sample
+    torch.cat([x, rows.type_as(x), cols.type_as(x)], 1)          # (type_as optional; device=x.device at arange)
+
+Any other way of making values from numbers (a ``repeat`` of a linspace, a linspace read otherwise, another
+arange) is not one, and stays refused by name.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional
 
 import torch
@@ -72,6 +82,78 @@ def _coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     return x, {"start": float(start), "end": float(stop), "dim": dim}, [line, view]
 
 
+def _side(a: Any) -> Optional[tuple[fx.Node, int]]:
+    """(the [N, C, H, W] tensor, the dimension) of which ``a`` reads one size (:func:`_shape_read`); None else."""
+    read = _shape_read(a)
+    return (read[0], read[1][0]) if read is not None and len(read[1]) == 1 else None
+
+
+def _method(n: Any, name: str, *args: Any) -> Optional[fx.Node]:
+    """``n``'s tensor input where ``n`` is the call ``tensor.name(*args)`` (no keywords); None otherwise."""
+    if isinstance(n, fx.Node) and n.op == "call_method" and n.target == name and not n.kwargs and \
+            tuple(n.args[1:]) == args and isinstance(n.args[0], fx.Node):
+        return n.args[0]
+    return None
+
+
+def _call(n: Any, targets: set, number: Any) -> Optional[fx.Node]:
+    """``t`` where ``n`` is ``t <op> number`` (``targets`` the op's spellings); None otherwise."""
+    if isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and n.target in targets and \
+            len(n.args) == 2 and not n.kwargs and isinstance(n.args[0], fx.Node) and n.args[1] == number and \
+            not isinstance(n.args[1], bool):
+        return n.args[0]
+    return None
+
+
+def _arange_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
+    """``(x, attrs, nodes taken in)`` where ``end`` ends a coordinate channel made by ``torch.arange`` as the
+    module docstring writes it (``made`` ``arange``); None otherwise."""
+    nodes: list[fx.Node] = []
+    swapped = end
+    if end.op == "call_method" and end.target == "type_as" and len(end.args) == 2 and not end.kwargs:
+        swapped = end.args[0]
+    elif [u.target for u in end.users] == ["type_as"]:
+        return None  # the type_as ends it
+    copied = _method(swapped, "transpose", 2, 3)
+    if copied is None or not (copied.op == "call_method" and copied.target == "repeat" and len(copied.args) == 5
+                              and not copied.kwargs and list(copied.args[2:]) == [1, 1, 1]):
+        return None
+    batch, scaled = _side(copied.args[1]), copied.args[0]
+    nodes += [copied, swapped] + ([end] if swapped is not end else [])
+    shifted = _call(scaled, {operator.sub, torch.sub, "sub"}, 1)
+    doubled = _call(shifted, {operator.mul, torch.mul, "mul"}, 2) if shifted is not None else None
+    start = -1.0 if doubled is not None else 0.0
+    divided = doubled if doubled is not None else scaled
+    if not (isinstance(divided, fx.Node) and divided.op == "call_function" and divided.target in (
+            operator.truediv, torch.div, torch.true_divide) and len(divided.args) == 2 and not divided.kwargs):
+        return None
+    nodes += [scaled, shifted] if doubled is not None else [scaled]
+    floated, less = divided.args
+    counted = _method(floated, "float")
+    if counted is None or not isinstance(less, fx.Node) or not (less.op == "call_function" and less.target in (
+            operator.sub,) and less.args[1:] == (1,)) or _side(less.args[0]) is None:
+        return None
+    nodes += [divided, floated]
+    turned = _method(counted, "transpose", 1, 2)
+    dim = 3 if turned is not None else 2
+    rows = turned if turned is not None else counted
+    if not (rows.op == "call_method" and rows.target == "repeat" and len(rows.args) == 4 and not rows.kwargs and
+            rows.args[1] == 1 and rows.args[3] == 1):
+        return None
+    line = rows.args[0]
+    if not (isinstance(line, fx.Node) and line.op == "call_function" and line.target is torch.arange and
+            len(line.args) == 1 and set(line.kwargs) <= {"device"}):
+        return None
+    nodes += [rows, line] + ([counted] if turned is not None else [])
+    sides = [batch, _side(rows.args[2]), _side(line.args[0]), _side(less.args[0])]
+    if None in sides or len({t for t, _ in sides}) != 1 or [d for _, d in sides] != [0, 5 - dim, dim, dim]:
+        return None
+    x = sides[0][0]
+    if swapped is not end and end.args[1] is not x:
+        return None
+    return x, {"start": start, "end": 1.0, "dim": dim, "made": "arange"}, [m for m in nodes if m is not end]
+
+
 def coordinate_channels(gm: fx.GraphModule) -> tuple[dict[str, tuple[fx.Node, dict]], set[str]]:
     """CoordConv's coordinate channels in ``gm``: each expand that ends one (module docstring) -> (the map whose sizes
     it reads, its ``linspace`` attrs), and the names of the nodes it takes in (the linspace, its view). One whose
@@ -79,7 +161,7 @@ def coordinate_channels(gm: fx.GraphModule) -> tuple[dict[str, tuple[fx.Node, di
     found: dict[str, tuple[fx.Node, dict]] = {}
     taken: set[str] = set()
     for n in gm.graph.nodes:
-        made = _coordinates(n)
+        made = _coordinates(n) or (_arange_coordinates(n) if n.op == "call_method" else None)
         if made is None:
             continue
         x, attrs, inner = made

@@ -198,7 +198,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # the coordinate of each position along dim (2: the rows, 3: the columns, counted with the batch's) of its input's
     # [C, H, W] map, start to end in equal steps, as one channel: [1, H, W], its input's values not read (no gradient
     # through it); torch.linspace(start, end, H or W) viewed and expanded over the batch and the map (CoordConv's
-    # coordinate channels, then concatenated to the map)
+    # coordinate channels, then concatenated to the map); optional made "arange" (COORDINATES_MADE): the port's
+    # AddCoords, torch.arange(n).repeat(1, m, 1) (its columns' transposed), .float() / (n - 1), * 2 - 1 where start
+    # is -1 (start 0 or -1, end 1), copied over the batch by repeat(b, 1, 1, 1) and transposed: [1, H, W] a sample
     "linspace": ("start", "end", "dim"),
     # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le, eq, ne), x the
     # first input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
@@ -403,6 +405,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
+                                         "linspace": ("made",),
                                          "conv2d": ("standardize", "weight_norm", "spectral_norm",
                                                     "spectral_norm_iterations"),
                                          "linear": ("weight_norm", "spectral_norm", "spectral_norm_iterations"),
@@ -584,6 +587,23 @@ def _spectral_norm_problem(attrs: Dict[str, Any]) -> str:
     return ""
 
 
+#: A linspace's ``made``: how its coordinates are made where not by torch.linspace (perf4sight.ir.coordinates)
+COORDINATES_MADE = ("arange",)
+
+
+def _linspace_problem(attrs: Dict[str, Any]) -> str:
+    """What is wrong with a linspace's ``made`` ("" if nothing)."""
+    made = attrs.get("made")
+    if made is None:
+        return ""
+    if made not in COORDINATES_MADE:
+        return f"attr 'made' must be one of {', '.join(COORDINATES_MADE)}, got {made!r}"
+    if (attrs["start"], attrs["end"]) not in ((-1, 1), (0, 1)):
+        return (f"a linspace made by arange runs from -1 or 0 to 1 (i / (n - 1), times 2 less 1), got "
+                f"{attrs['start']!r} to {attrs['end']!r}")
+    return ""
+
+
 def _standardize_problem(attrs: Dict[str, Any]) -> str:
     """What is wrong with a conv2d's weight standardisation attrs ("" if nothing)."""
     form = attrs.get("standardize")
@@ -723,6 +743,10 @@ def _attr_problem(node: "Node") -> str:
         return "a fixed conv2d (its filter a buffer, learnt nothing) has no bias"
     if node.op == "conv2d":
         problem = _standardize_problem(node.attrs)
+        if problem:
+            return problem
+    if node.op == "linspace":
+        problem = _linspace_problem(node.attrs)
         if problem:
             return problem
     if node.op in ("conv2d", "linear"):

@@ -685,9 +685,19 @@ def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
     return x.pow(exponent)
 
 
-def _coordinates(x: torch.Tensor, start: float, end: float, dim: int) -> torch.Tensor:
+def _coordinates(x: torch.Tensor, start: float, end: float, dim: int, made: Optional[str] = None) -> torch.Tensor:
     """CoordConv's coordinate channel of the map ``x``: ``torch.linspace(start, end, x.shape[dim])`` viewed along
-    ``dim`` (2: the rows, 3: the columns) and expanded to ``[N, 1, H, W]`` (one kernel; a view of its few floats)."""
+    ``dim`` (2: the rows, 3: the columns) and expanded to ``[N, 1, H, W]`` (one kernel; a view of its few floats);
+    ``made`` ``arange``: as CoordConv's PyTorch port writes it (perf4sight.ir.coordinates), on the map's device."""
+    if made == "arange":
+        n, other = x.shape[dim], x.shape[5 - dim]
+        counted = torch.arange(n, device=x.device).repeat(1, other, 1)
+        if dim == 3:
+            counted = counted.transpose(1, 2)
+        scaled = counted.float() / (n - 1)
+        if start == -1:
+            scaled = scaled * 2 - 1
+        return scaled.repeat(x.shape[0], 1, 1, 1).transpose(2, 3)
     steps = x.shape[dim]
     line = torch.linspace(start, end, steps, device=x.device)
     line = line.view(1, 1, steps, 1) if dim == 2 else line.view(1, 1, 1, steps)
@@ -886,7 +896,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
     "logsumexp": lambda x, a: (torch.logsumexp, (x[0], [int(d) for d in a["dims"]], bool(a["keepdim"]))),
     "cumsum": lambda x, a: (torch.cumsum, (x[0], int(a["dim"]))),
-    "linspace": lambda x, a: (_coordinates, (x[0], float(a["start"]), float(a["end"]), int(a["dim"]))),
+    "linspace": lambda x, a: (_coordinates, (x[0], float(a["start"]), float(a["end"]), int(a["dim"]),
+                                             a.get("made"))),
     "affine_grid": lambda x, a: (_affine_grid, (x[0], [int(s) for s in a["size"]], bool(a["align_corners"]))),
     "grid_sample": lambda x, a: (F.grid_sample, (x[0], x[1], str(a["mode"]), str(a["padding_mode"]),
                                                  bool(a["align_corners"]))),

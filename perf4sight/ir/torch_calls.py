@@ -1155,7 +1155,8 @@ def _research_form(n: fx.Node, gm: fx.GraphModule) -> str:
     if n.op == "call_function" and n.target in _MADE_FROM_NUMBERS:
         return (": values made in the forward from numbers alone, as CoordConv's coordinate channels; those of "
                 "torch.linspace viewed along the rows or the columns and expanded over the map, x.shape's sizes, "
-                "describe: the op linspace")
+                "describe: the op linspace, as do the PyTorch port's AddCoords ones, torch.arange(n).repeat(1, m, 1) "
+                "scaled by .float() / (n - 1) and copied over the batch by .repeat(b, 1, 1, 1).transpose(2, 3)")
     if n.target is operator.getitem and len(n.args) == 2 and isinstance(n.args[0], fx.Node) \
             and n.args[0].op == "get_attr" and n.args[0].target in dict(gm.named_parameters()):
         indices: list[fx.Node] = []
