@@ -938,6 +938,70 @@ def test_coordconv_channels_are_the_op_linspace(make):
     assert back.to_dict() == desc.to_dict()
 
 
+class _GridCoordConv(nn.Module):
+    """CoordConv as SOLO's mask head writes it: torch.meshgrid of a linspace over the rows and one over the columns,
+    each grid expanded over the batch, the two concatenated, then to the map."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels + 2, channels, 3, padding=1)
+
+    def forward(self, feat):
+        x_range = torch.linspace(-1, 1, feat.shape[-1], device=feat.device)
+        y_range = torch.linspace(-1, 1, feat.shape[-2], device=feat.device)
+        y, x = torch.meshgrid(y_range, x_range, indexing="ij")
+        coord = torch.cat([x.expand([feat.shape[0], 1, -1, -1]), y.expand([feat.shape[0], 1, -1, -1])], 1)
+        return self.conv(torch.cat([feat, coord], 1))
+
+
+class _GridCoordConvXY(_GridCoordConv):
+    """The grids by indexing "xy" (the columns' linspace first), 0 to 1, leading dims added by [None, None] and by
+    unsqueeze, concatenated to the map one by one."""
+
+    def forward(self, f):
+        b, _, h, w = f.shape
+        cols, rows = torch.meshgrid(torch.linspace(0, 1, w), torch.linspace(0, 1, h), indexing="xy")
+        return self.conv(torch.cat([f, cols[None, None].expand(b, -1, -1, -1),
+                                    rows.unsqueeze(0).unsqueeze(0).expand(b, 1, h, w)], 1))
+
+
+class _OneGridTwice(_GridCoordConv):
+    """One grid of a meshgrid expanded twice, the other unread: no coordinate channels (refused)."""
+
+    def forward(self, f):
+        b, _, h, w = f.shape
+        rows, _ = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+        return self.conv(torch.cat([f, rows.expand(b, 1, h, w), rows.expand(b, 1, h, w)], 1))
+
+
+@pytest.mark.parametrize("make", [_GridCoordConv, _GridCoordConvXY])
+def test_coordconv_channels_by_a_meshgrid_of_linspaces_are_the_op_linspace(make):
+    """A meshgrid's grids of two linspaces (views of them) expanded over the batch were refused ("call_function
+    'linspace' has no description op"): each is the op linspace along the side its linspace spans. The rebuilt module
+    computes the original's output and gradients, runs its kernels (2 linspaces) and describes again as it; the
+    allocation model writes it down as the meta trace. One grid read twice and the other not stays refused."""
+    from test_allocator import _as_replayed
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.ir.to_torch import build_module
+
+    module = _Block(make())
+    desc = _computes_the_same(module)
+    start = -1.0 if make is _GridCoordConv else 0.0
+    assert [(n.inputs, n.attrs, n.output_shape) for n in desc.nodes if n.op == "linspace"] == [
+        (["conv"], {"start": start, "end": 1.0, "dim": d}, [1, 8, 8]) for d in (3, 2)]  # the columns' first
+    rebuilt = build_module(desc)
+    assert describe(rebuilt, SHAPE, name="probe").to_dict() == desc.to_dict()
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(rebuilt) and ran["linspace"] == 2
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+    with pytest.raises(UserError, match=r"call_function 'linspace' \(node linspace: values made in the forward"):
+        describe(_Block(_OneGridTwice()), SHAPE, name="probe")
+
+
 class _AddCoords(nn.Module):
     """CoordConv as its common PyTorch port writes it (an AddCoords layer): each coordinate an arange over its side,
     copied over the other, scaled to -1..1 and copied over the batch; made on the CPU, cast to the map's type."""

@@ -7,7 +7,9 @@ A coordinate channel of a map ``x`` is written::
     cols = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)   # dim 3
 
 (``reshape`` for ``view``; ``device=x.device`` and a float32 ``dtype`` at the call), then concatenated to the map.
-Its three nodes are one description node, the expand's, whose input is ``x`` (its shape alone read). The common
+Its three nodes are one description node, the expand's, whose input is ``x`` (its shape alone read). So is each grid
+of ``torch.meshgrid`` of two such linspaces (views of them), expanded over the batch, as SOLO's CoordConv writes it
+(:func:`_meshgrid_coordinates`). The common
 PyTorch port of CoordConv (an ``AddCoords`` layer) writes them by ``torch.arange`` instead, copied over the map and
 the batch, the linspace's attr ``made`` ``arange``::
 
@@ -47,6 +49,20 @@ def _sizes(n: fx.Node) -> list[Any]:
     return list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else sizes
 
 
+def _line(line: Any) -> Optional[tuple[Any, Any, Any]]:
+    """``(start, end, steps)`` where ``line`` is a float32 ``torch.linspace`` of numbers (``device=`` taken); None
+    otherwise."""
+    if not (isinstance(line, fx.Node) and line.op == "call_function" and line.target is torch.linspace):
+        return None
+    if set(line.kwargs) - {"steps", "device", "dtype", "requires_grad"} or len(line.args) > 3 or \
+            line.kwargs.get("dtype") not in (None, torch.float32) or line.kwargs.get("requires_grad"):
+        return None
+    start, stop, steps = _arg(line, 0, "start"), _arg(line, 1, "end"), _arg(line, 2, "steps")
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (start, stop)):
+        return None
+    return start, stop, steps
+
+
 def _coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     """``(x, attrs, [linspace, view])`` where ``end`` expands a linspace viewed along dim 2 or 3 over the map ``x``
     whose sizes it reads; None otherwise."""
@@ -57,14 +73,9 @@ def _coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
             and not view.kwargs):
         return None
     line = view.args[0]
-    if not (isinstance(line, fx.Node) and line.op == "call_function" and line.target is torch.linspace):
+    if _line(line) is None:
         return None
-    if set(line.kwargs) - {"steps", "device", "dtype", "requires_grad"} or len(line.args) > 3 or \
-            line.kwargs.get("dtype") not in (None, torch.float32) or line.kwargs.get("requires_grad"):
-        return None
-    start, stop, steps = _arg(line, 0, "start"), _arg(line, 1, "end"), _arg(line, 2, "steps")
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (start, stop)):
-        return None
+    start, stop, steps = _line(line)
     sources = {_size_source(a) for a in [*_sizes(end), steps] if isinstance(a, fx.Node)}
     if len(sources) != 1 or None in sources or not isinstance(_sizes(end)[0], fx.Node):
         return None  # sizes read off one map, the batch's among them (a batch fixed at the trace is no channel)
@@ -154,19 +165,56 @@ def _arange_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.N
     return x, {"start": start, "end": 1.0, "dim": dim, "made": "arange"}, [m for m in nodes if m is not end]
 
 
+def _meshgrid_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
+    """``(x, attrs, nodes taken in)`` where ``end`` expands over the batch one of the two grids ``torch.meshgrid``
+    makes of linspaces over the rows and the columns of the map ``x`` (SOLO's CoordConv: ``y, x =
+    torch.meshgrid(linspace(-1, 1, h), linspace(-1, 1, w))``, ``y.expand([b, 1, -1, -1])``; ``indexing`` "ij" or
+    "xy"; leading dims of 1 added by view, reshape, unsqueeze or ``[None]``); None otherwise. A meshgrid's grids are
+    views of its linspaces: the op linspace."""
+    if end.op != "call_method" or end.target != "expand" or end.kwargs or "tensor_meta" not in end.meta:
+        return None
+    grid, added = end.args[0], []
+    while isinstance(grid, fx.Node) and len(grid.users) == 1 and (
+            (grid.op == "call_method" and grid.target in ("view", "reshape", "unsqueeze") and not grid.kwargs) or
+            (grid.op == "call_function" and grid.target is operator.getitem and isinstance(grid.args[1], tuple))):
+        added.append(grid)
+        grid = grid.args[0]
+    if not (isinstance(grid, fx.Node) and grid.op == "call_function" and grid.target is operator.getitem and
+            grid.args[1] in (0, 1) and isinstance(grid.args[0], fx.Node)):
+        return None
+    mesh, which = grid.args
+    lines = list(mesh.args[0]) if len(mesh.args) == 1 and isinstance(mesh.args[0], (list, tuple)) else list(mesh.args)
+    if not (mesh.op == "call_function" and mesh.target is torch.meshgrid and set(mesh.kwargs) <= {"indexing"} and
+            mesh.kwargs.get("indexing", "ij") in ("ij", "xy") and len(lines) == 2 and
+            all(_line(a) is not None and len(a.users) == 1 for a in lines)):
+        return None
+    start, stop, steps = _line(lines[which])
+    dim = (2 + which) if mesh.kwargs.get("indexing", "ij") == "ij" else (3 - which)
+    batch, side = _side(_sizes(end)[0]) if _sizes(end) else None, _side(steps)
+    if batch is None or side is None or batch[0] is not side[0] or (batch[1], side[1]) != (0, dim):
+        return None
+    x = side[0]
+    shape = [int(v) for v in x.meta["tensor_meta"].shape] if "tensor_meta" in x.meta else []
+    if len(shape) != 4 or [int(v) for v in end.meta["tensor_meta"].shape] != [shape[0], 1, *shape[2:]] or any(
+            [int(v) for v in a.meta["tensor_meta"].shape][-2:] != shape[2:] or
+            set(int(v) for v in a.meta["tensor_meta"].shape[:-2]) - {1} for a in added if "tensor_meta" in a.meta):
+        return None
+    return x, {"start": float(start), "end": float(stop), "dim": dim}, [lines[which], mesh, grid, *added]
+
+
 def coordinate_channels(gm: fx.GraphModule) -> tuple[dict[str, tuple[fx.Node, dict]], set[str]]:
-    """CoordConv's coordinate channels in ``gm``: each expand that ends one (module docstring) -> (the map whose sizes
-    it reads, its ``linspace`` attrs), and the names of the nodes it takes in (the linspace, its view). One whose
-    linspace or view is read elsewhere is left out."""
-    found: dict[str, tuple[fx.Node, dict]] = {}
-    taken: set[str] = set()
-    for n in gm.graph.nodes:
-        made = _coordinates(n) or (_arange_coordinates(n) if n.op == "call_method" else None)
-        if made is None:
-            continue
-        x, attrs, inner = made
-        if any(len(m.users) != 1 for m in inner):
-            continue
-        found[n.name] = (x, attrs)
-        taken.update(m.name for m in inner)
-    return found, taken
+    """CoordConv's coordinate channels in ``gm``: each node that ends one (module docstring) -> (the map whose sizes
+    it reads, its ``linspace`` attrs), and the names of the nodes it takes in (the linspace, its view, ...). One
+    whose nodes are read elsewhere (a meshgrid but by its two grids' channels) is left out."""
+    made = {n: m for n in gm.graph.nodes for m in [_coordinates(n) or _meshgrid_coordinates(n) or (
+        _arange_coordinates(n) if n.op == "call_method" else None)] if m is not None and all(
+        len(k.users) == 1 for k in m[2] if k.target is not torch.meshgrid)}
+    while True:  # a meshgrid is read by both its grids' channels: each node taken in read by channels' nodes alone
+        inside = set(made) | {m for _, _, inner in made.values() for m in inner}
+        out = [n for n, (_, _, inner) in made.items() if any(set(m.users) - inside for m in inner)]
+        if not out:
+            break
+        for n in out:
+            del made[n]
+    found = {n.name: (x, attrs) for n, (x, attrs, _) in made.items()}
+    return found, {m.name for _, _, inner in made.values() for m in inner}
