@@ -1002,6 +1002,52 @@ def test_coordconv_channels_by_a_meshgrid_of_linspaces_are_the_op_linspace(make)
         describe(_Block(_OneGridTwice()), SHAPE, name="probe")
 
 
+class _GridOfAranges(_GridCoordConv):
+    """The grids of a meshgrid of two aranges, each scaled (the rows' to -1..1, the columns' to 0..1) and expanded
+    over the batch."""
+
+    def forward(self, x):
+        b, _, h, w = x.shape
+        rows, cols = torch.meshgrid(torch.arange(h, device=x.device), torch.arange(w, device=x.device), indexing="ij")
+        rows = rows.float() / (h - 1) * 2 - 1
+        cols = cols.float() / (w - 1)
+        return self.conv(torch.cat([x, rows.expand(b, 1, h, w), cols[None, None].expand(b, -1, -1, -1)], 1))
+
+
+def test_coordconv_channels_by_a_meshgrid_of_aranges_are_a_linspace_made_arange_grid():
+    """A meshgrid's grids of two aranges, scaled and expanded over the batch, were refused ("call_function 'arange'
+    has no description op"): each is the op linspace of made arange_grid, rebuilt as the arange spread over the map
+    (views), cast, divided (and doubled less 1): the original's outputs and gradients, its kernels (5 from -1, 3 from
+    0, none back, no gradient), nothing kept, the allocation model's events the meta trace's (batches 3 and 1)."""
+    from test_allocator import _as_replayed
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.to_torch import build_module
+
+    module = _Block(_GridOfAranges())
+    desc = _computes_the_same(module)
+    lines = [n for n in desc.nodes if n.op == "linspace"]
+    assert [(n.inputs, n.attrs) for n in lines] == [
+        (["conv"], {"start": s, "end": 1.0, "dim": d, "made": "arange_grid"}) for s, d in ((-1.0, 2), (0.0, 3))]
+    rebuilt = build_module(desc)
+    assert [(n.op, n.attrs) for n in describe(rebuilt, SHAPE, name="probe").nodes] == [(n.op, n.attrs)
+                                                                                       for n in desc.nodes]
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(rebuilt) and ran["arange"] == 2 and ran["_to_copy"] == 2
+    visits = {v.node.name: v for v in walk(desc)}
+    assert [(visits[n.name].cost.kernels_fwd, visits[n.name].cost.kernels_bwd, visits[n.name].needs_grad)
+            for n in lines] == [(5, 0, False), (3, 0, False)]
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+
+
 class _AddCoords(nn.Module):
     """CoordConv as its common PyTorch port writes it (an AddCoords layer): each coordinate an arange over its side,
     copied over the other, scaled to -1..1 and copied over the batch; made on the CPU, cast to the map's type."""
@@ -1089,7 +1135,7 @@ def test_a_linspace_of_another_dim_is_refused_on_reading():
         NetworkDescription.from_dict(data)
     data = describe(_Block(_AddCoords()), SHAPE, name="probe").to_dict()
     NetworkDescription.from_dict(data)
-    for change, said in (({"made": "meshgrid"}, "attr 'made' must be one of arange, got 'meshgrid'"),
+    for change, said in (({"made": "meshgrid"}, "attr 'made' must be one of arange, arange_grid, got 'meshgrid'"),
                          ({"start": 0.5}, r"a linspace made by arange runs from -1 or 0 to 1 \(i / \(n - 1\), times 2 "
                                           r"less 1\), got 0.5 to 1.0")):
         changed = {**data, "nodes": [dict(n) for n in data["nodes"]]}

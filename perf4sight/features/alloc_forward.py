@@ -636,8 +636,30 @@ def _linspace(ctx: _OpContext) -> _Value:
     a view of it; no gradient (its input's shape alone read). One ``made`` by arange: :func:`_arange_coordinates`."""
     if ctx.node.attrs.get("made") == "arange":
         return _arange_coordinates(ctx)
+    if ctx.node.attrs.get("made") == "arange_grid":
+        return _arange_grid(ctx)
     nbytes = int(ctx.in_shapes[0][int(ctx.node.attrs["dim"]) - 1]) * FLOAT
     return _Value(ctx.alloc("linspace.default", nbytes), nbytes, None)
+
+
+def _arange_grid(ctx: _OpContext) -> _Value:
+    """A coordinate channel of a meshgrid of aranges (``to_torch._coordinates``): the arange (int64 steps), its grid
+    cast to float (freed after the division) and divided, from -1 the product and the difference (the division and
+    the product freed after it, with the arange); the batch's channel a view of the last. No gradient."""
+    a, (_, h, w) = ctx.node.attrs, ctx.in_shapes[0]
+    hw, drop = h * w * FLOAT, ctx.mem.drop
+    line = ctx.alloc("arange.default", (h if int(a["dim"]) == 2 else w) * INT64)
+    floated = ctx.alloc("_to_copy.default", hw)
+    scaled = ctx.alloc("div.Tensor", hw)
+    drop(floated)
+    if float(a["start"]) == -1:
+        doubled = ctx.alloc("mul.Tensor", hw)
+        shifted = ctx.alloc("sub.Tensor", hw)
+        drop(scaled)
+        drop(doubled)
+        scaled = shifted
+    drop(line)
+    return _Value(scaled, hw, None)
 
 
 def _arange_coordinates(ctx: _OpContext) -> _Value:

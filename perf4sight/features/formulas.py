@@ -1158,6 +1158,8 @@ def _linspace(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     (:func:`_arange_coordinates`) copies its values over the batch."""
     if node.attrs.get("made") == "arange":
         return _arange_coordinates(node)
+    if node.attrs.get("made") == "arange_grid":  # the arange, the cast of its grid, the division (product, difference)
+        return OpCost(kernels_fwd=5 if float(node.attrs["start"]) == -1 else 3, kind="other")  # once a step
     return OpCost(kernels_fwd=1, kind="other")
 
 

@@ -142,12 +142,14 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
 
 
 def _arange_coordinates(r: _Rows, node: Node, kernels: int) -> None:
-    """A coordinate channel made by arange (formulas._arange_coordinates): its ``kernels - 1`` kernels over the
-    ``H x W`` map once a step (a read and a write each), then its copy over the batch, a write a sample."""
+    """A coordinate channel made by arange (formulas._arange_coordinates): its kernels over the ``H x W`` map once a
+    step (a read and a write each), the last the port's copy over the batch (a write a sample; a grid's: a view)."""
     hw = float(numel(node.output_shape)) * BYTES_PER_ELEMENT
-    for _ in range(kernels - 1):
+    copied = node.attrs["made"] == "arange"
+    for _ in range(kernels - copied):
         r.other(BANDWIDTH, 0.0, 0.0, 2 * hw)
-    r.other(BANDWIDTH, 0.0, hw, hw)
+    if copied:
+        r.other(BANDWIDTH, 0.0, hw, hw)
 
 
 def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
@@ -549,7 +551,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _window_attention(r, node)
         elif op == "group_attention":
             _group_attention(r, node, first)
-        elif op == "linspace" and node.attrs.get("made") == "arange":
+        elif op == "linspace" and node.attrs.get("made") in ("arange", "arange_grid"):
             _arange_coordinates(r, node, visit.cost.kernels_fwd)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)

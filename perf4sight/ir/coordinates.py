@@ -116,10 +116,33 @@ def _call(n: Any, targets: set, number: Any) -> Optional[fx.Node]:
     return None
 
 
+def _scaled_count(scaled: Any) -> Optional[tuple[float, fx.Node, fx.Node, list[fx.Node]]]:
+    """``(start, counted, n, nodes)`` where ``scaled`` is ``counted.float() / (n - 1)``, times 2 less 1 (start -1)
+    or not (start 0), ``n`` a side read off a map; None otherwise."""
+    shifted = _call(scaled, {operator.sub, torch.sub, "sub"}, 1)
+    doubled = _call(shifted, {operator.mul, torch.mul, "mul"}, 2) if shifted is not None else None
+    divided = doubled if doubled is not None else scaled
+    if not (isinstance(divided, fx.Node) and divided.op == "call_function" and divided.target in (
+            operator.truediv, torch.div, torch.true_divide) and len(divided.args) == 2 and not divided.kwargs):
+        return None
+    floated, less = divided.args
+    counted = _method(floated, "float")
+    if counted is None or not isinstance(less, fx.Node) or not (less.op == "call_function" and less.target in (
+            operator.sub,) and less.args[1:] == (1,)) or _side(less.args[0]) is None:
+        return None
+    nodes = ([scaled, shifted] if doubled is not None else [scaled]) + [divided, floated]
+    return (-1.0 if doubled is not None else 0.0), counted, less.args[0], nodes
+
+
+def _is_arange(line: Any) -> bool:
+    """Whether ``line`` is ``torch.arange(n)`` (``device=`` taken)."""
+    return isinstance(line, fx.Node) and line.op == "call_function" and line.target is torch.arange and \
+        len(line.args) == 1 and set(line.kwargs) <= {"device"}
+
+
 def _arange_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     """``(x, attrs, nodes taken in)`` where ``end`` ends a coordinate channel made by ``torch.arange`` as the
     module docstring writes it (``made`` ``arange``); None otherwise."""
-    nodes: list[fx.Node] = []
     swapped = end
     if end.op == "call_method" and end.target == "type_as" and len(end.args) == 2 and not end.kwargs:
         swapped = end.args[0]
@@ -129,34 +152,20 @@ def _arange_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.N
     if copied is None or not (copied.op == "call_method" and copied.target == "repeat" and len(copied.args) == 5
                               and not copied.kwargs and list(copied.args[2:]) == [1, 1, 1]):
         return None
-    batch, scaled = _side(copied.args[1]), copied.args[0]
+    batch, count = _side(copied.args[1]), _scaled_count(copied.args[0])
+    if count is None:
+        return None
+    start, counted, n, nodes = count
     nodes += [copied, swapped] + ([end] if swapped is not end else [])
-    shifted = _call(scaled, {operator.sub, torch.sub, "sub"}, 1)
-    doubled = _call(shifted, {operator.mul, torch.mul, "mul"}, 2) if shifted is not None else None
-    start = -1.0 if doubled is not None else 0.0
-    divided = doubled if doubled is not None else scaled
-    if not (isinstance(divided, fx.Node) and divided.op == "call_function" and divided.target in (
-            operator.truediv, torch.div, torch.true_divide) and len(divided.args) == 2 and not divided.kwargs):
-        return None
-    nodes += [scaled, shifted] if doubled is not None else [scaled]
-    floated, less = divided.args
-    counted = _method(floated, "float")
-    if counted is None or not isinstance(less, fx.Node) or not (less.op == "call_function" and less.target in (
-            operator.sub,) and less.args[1:] == (1,)) or _side(less.args[0]) is None:
-        return None
-    nodes += [divided, floated]
     turned = _method(counted, "transpose", 1, 2)
     dim = 3 if turned is not None else 2
     rows = turned if turned is not None else counted
     if not (rows.op == "call_method" and rows.target == "repeat" and len(rows.args) == 4 and not rows.kwargs and
-            rows.args[1] == 1 and rows.args[3] == 1):
+            rows.args[1] == 1 and rows.args[3] == 1) or not _is_arange(rows.args[0]):
         return None
     line = rows.args[0]
-    if not (isinstance(line, fx.Node) and line.op == "call_function" and line.target is torch.arange and
-            len(line.args) == 1 and set(line.kwargs) <= {"device"}):
-        return None
     nodes += [rows, line] + ([counted] if turned is not None else [])
-    sides = [batch, _side(rows.args[2]), _side(line.args[0]), _side(less.args[0])]
+    sides = [batch, _side(rows.args[2]), _side(line.args[0]), _side(n)]
     if None in sides or len({t for t, _ in sides}) != 1 or [d for _, d in sides] != [0, 5 - dim, dim, dim]:
         return None
     x = sides[0][0]
@@ -165,12 +174,43 @@ def _arange_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.N
     return x, {"start": start, "end": 1.0, "dim": dim, "made": "arange"}, [m for m in nodes if m is not end]
 
 
+def _meshgrid(grid: Any, made: Any) -> Optional[tuple[fx.Node, int, list[fx.Node]]]:
+    """``(line, dim, [mesh, grid])`` where ``grid`` is one of the two grids ``torch.meshgrid`` makes of two tensors
+    ``made`` says are lines (``indexing`` "ij" or "xy"): ``line`` the one it spans, along ``dim`` (2 or 3); None
+    otherwise."""
+    if not (isinstance(grid, fx.Node) and grid.op == "call_function" and grid.target is operator.getitem and
+            grid.args[1] in (0, 1) and isinstance(grid.args[0], fx.Node)):
+        return None
+    mesh, which = grid.args
+    lines = list(mesh.args[0]) if len(mesh.args) == 1 and isinstance(mesh.args[0], (list, tuple)) else list(mesh.args)
+    if not (mesh.op == "call_function" and mesh.target is torch.meshgrid and set(mesh.kwargs) <= {"indexing"} and
+            mesh.kwargs.get("indexing", "ij") in ("ij", "xy") and len(lines) == 2 and
+            all(made(a) and len(a.users) == 1 for a in lines)):
+        return None
+    return lines[which], ((2 + which) if mesh.kwargs.get("indexing", "ij") == "ij" else (3 - which)), [mesh, grid]
+
+
+def _spread(grid: Any) -> Optional[tuple[fx.Node, int, list[fx.Node]]]:
+    """``(line, dim, [view, grid])`` where ``grid`` is ``line.view(h, 1).expand(h, w)`` (dim 2) or ``line.view(1,
+    w).expand(h, w)`` (dim 3), ``line`` an arange (how to_torch spreads a grid's line); None otherwise."""
+    view = grid.args[0] if isinstance(grid, fx.Node) and grid.op == "call_method" and grid.target == "expand" and \
+        len(grid.users) == 1 and not grid.kwargs else None
+    if not (isinstance(view, fx.Node) and view.op == "call_method" and view.target == "view" and
+            not view.kwargs and len(view.args) == 3 and _is_arange(view.args[0]) and "tensor_meta" in grid.meta):
+        return None
+    ones = [i for i in (1, 2) if view.args[i] == 1]
+    if len(ones) != 1 or len(grid.meta["tensor_meta"].shape) != 2:
+        return None
+    return view.args[0], 3 - ones[0] + 1, [view, grid]
+
+
 def _meshgrid_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     """``(x, attrs, nodes taken in)`` where ``end`` expands over the batch one of the two grids ``torch.meshgrid``
     makes of linspaces over the rows and the columns of the map ``x`` (SOLO's CoordConv: ``y, x =
     torch.meshgrid(linspace(-1, 1, h), linspace(-1, 1, w))``, ``y.expand([b, 1, -1, -1])``; ``indexing`` "ij" or
-    "xy"; leading dims of 1 added by view, reshape, unsqueeze or ``[None]``); None otherwise. A meshgrid's grids are
-    views of its linspaces: the op linspace."""
+    "xy"; leading dims of 1 added by view, reshape, unsqueeze or ``[None]``): the op linspace, the grids views of the
+    linspaces; or of two aranges, each grid scaled as the port scales its aranges (``.float() / (n - 1)``, ``* 2 -
+    1`` or not): ``made`` ``arange_grid``. None otherwise."""
     if end.op != "call_method" or end.target != "expand" or end.kwargs or "tensor_meta" not in end.meta:
         return None
     grid, added = end.args[0], []
@@ -179,27 +219,31 @@ def _meshgrid_coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx
             (grid.op == "call_function" and grid.target is operator.getitem and isinstance(grid.args[1], tuple))):
         added.append(grid)
         grid = grid.args[0]
-    if not (isinstance(grid, fx.Node) and grid.op == "call_function" and grid.target is operator.getitem and
-            grid.args[1] in (0, 1) and isinstance(grid.args[0], fx.Node)):
+    found = _meshgrid(grid, lambda a: _line(a) is not None)
+    if found is not None:
+        start, stop, steps = _line(found[0])
+        attrs = {"start": float(start), "end": float(stop), "dim": found[1]}
+        sides = [_side(steps)]
+    else:
+        count = _scaled_count(grid)
+        if count is None:
+            return None
+        found = _meshgrid(count[1], _is_arange) or _spread(count[1])
+        if found is None:
+            return None
+        attrs = {"start": count[0], "end": 1.0, "dim": found[1], "made": "arange_grid"}
+        sides, added = [_side(found[0].args[0]), _side(count[2])], added + count[3]
+    batch = _side(_sizes(end)[0]) if _sizes(end) else None
+    dim = attrs["dim"]
+    if batch is None or None in sides or any(t is not batch[0] or d != dim for t, d in sides) or batch[1] != 0:
         return None
-    mesh, which = grid.args
-    lines = list(mesh.args[0]) if len(mesh.args) == 1 and isinstance(mesh.args[0], (list, tuple)) else list(mesh.args)
-    if not (mesh.op == "call_function" and mesh.target is torch.meshgrid and set(mesh.kwargs) <= {"indexing"} and
-            mesh.kwargs.get("indexing", "ij") in ("ij", "xy") and len(lines) == 2 and
-            all(_line(a) is not None and len(a.users) == 1 for a in lines)):
-        return None
-    start, stop, steps = _line(lines[which])
-    dim = (2 + which) if mesh.kwargs.get("indexing", "ij") == "ij" else (3 - which)
-    batch, side = _side(_sizes(end)[0]) if _sizes(end) else None, _side(steps)
-    if batch is None or side is None or batch[0] is not side[0] or (batch[1], side[1]) != (0, dim):
-        return None
-    x = side[0]
+    x = batch[0]
     shape = [int(v) for v in x.meta["tensor_meta"].shape] if "tensor_meta" in x.meta else []
     if len(shape) != 4 or [int(v) for v in end.meta["tensor_meta"].shape] != [shape[0], 1, *shape[2:]] or any(
             [int(v) for v in a.meta["tensor_meta"].shape][-2:] != shape[2:] or
             set(int(v) for v in a.meta["tensor_meta"].shape[:-2]) - {1} for a in added if "tensor_meta" in a.meta):
         return None
-    return x, {"start": float(start), "end": float(stop), "dim": dim}, [lines[which], mesh, grid, *added]
+    return x, attrs, [found[0], *found[2], *added]
 
 
 def coordinate_channels(gm: fx.GraphModule) -> tuple[dict[str, tuple[fx.Node, dict]], set[str]]:

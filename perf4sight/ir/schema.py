@@ -200,7 +200,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # through it); torch.linspace(start, end, H or W) viewed and expanded over the batch and the map (CoordConv's
     # coordinate channels, then concatenated to the map); optional made "arange" (COORDINATES_MADE): the port's
     # AddCoords, torch.arange(n).repeat(1, m, 1) (its columns' transposed), .float() / (n - 1), * 2 - 1 where start
-    # is -1 (start 0 or -1, end 1), copied over the batch by repeat(b, 1, 1, 1) and transposed: [1, H, W] a sample
+    # is -1 (start 0 or -1, end 1), copied over the batch by repeat(b, 1, 1, 1) and transposed: [1, H, W] a sample;
+    # "arange_grid": a grid of torch.meshgrid of two aranges, scaled so, expanded over the batch (a view)
     "linspace": ("start", "end", "dim"),
     # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le, eq, ne), x the
     # first input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
@@ -588,7 +589,7 @@ def _spectral_norm_problem(attrs: Dict[str, Any]) -> str:
 
 
 #: A linspace's ``made``: how its coordinates are made where not by torch.linspace (perf4sight.ir.coordinates)
-COORDINATES_MADE = ("arange",)
+COORDINATES_MADE = ("arange", "arange_grid")
 
 
 def _linspace_problem(attrs: Dict[str, Any]) -> str:
@@ -599,7 +600,7 @@ def _linspace_problem(attrs: Dict[str, Any]) -> str:
     if made not in COORDINATES_MADE:
         return f"attr 'made' must be one of {', '.join(COORDINATES_MADE)}, got {made!r}"
     if (attrs["start"], attrs["end"]) not in ((-1, 1), (0, 1)):
-        return (f"a linspace made by arange runs from -1 or 0 to 1 (i / (n - 1), times 2 less 1), got "
+        return (f"a linspace made by {made} runs from -1 or 0 to 1 (i / (n - 1), times 2 less 1), got "
                 f"{attrs['start']!r} to {attrs['end']!r}")
     return ""
 

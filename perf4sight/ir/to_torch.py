@@ -698,6 +698,13 @@ def _coordinates(x: torch.Tensor, start: float, end: float, dim: int, made: Opti
         if start == -1:
             scaled = scaled * 2 - 1
         return scaled.repeat(x.shape[0], 1, 1, 1).transpose(2, 3)
+    if made == "arange_grid":  # one grid of a meshgrid of aranges: the arange spread over the map (views)
+        h, w, n = x.shape[2], x.shape[3], x.shape[dim]
+        line = torch.arange(n, device=x.device)
+        grid = (line.view(h, 1) if dim == 2 else line.view(1, w)).expand(h, w).float() / (n - 1)
+        if start == -1:
+            grid = grid * 2 - 1
+        return grid.view(1, 1, h, w).expand(x.shape[0], 1, h, w)
     steps = x.shape[dim]
     line = torch.linspace(start, end, steps, device=x.device)
     line = line.view(1, 1, steps, 1) if dim == 2 else line.view(1, 1, 1, steps)
