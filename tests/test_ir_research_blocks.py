@@ -836,6 +836,25 @@ def test_standardize_attrs_are_checked():
             NetworkDescription.from_dict(changed)
 
 
+@pytest.mark.parametrize("frozen", ["weight", "gain"])
+def test_a_standardised_convolutions_frozen_parameter_is_rebuilt_frozen(frozen):
+    """A standardised convolution's frozen weight (its bias trained), or ScaledStdConv2d's frozen gain, is named in
+    the description's frozen parameters and rebuilt frozen: the rebuilt module runs the original's kernels (no
+    gradient of it). Both were counted frozen but rebuilt trained (the parameter was read through the
+    standardisation, which the frozen parameters' roles did not follow)."""
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.ir.to_torch import build_module
+
+    module = _Block(_ScaledStandardised(8, 8, 3, padding=1))
+    getattr(module.block, frozen).requires_grad_(False)
+    desc = describe(module, SHAPE, name="probe")
+    assert desc.extra["frozen_parameters"] == [f"conv2d.{frozen}"]
+    rebuilt = build_module(desc)
+    assert [n for n, p in rebuilt.named_parameters() if not p.requires_grad] == [f"conv2d.{frozen}"]
+    assert _kernels_run(module) == _kernels_run(rebuilt)
+
+
 def test_a_network_of_scaled_standardised_convolutions_prunes_and_trains():
     """NFNets' ScaledStdConv2d's gain, one an output channel, is cut with its layer's output channels (torch-pruning
     counts it the layer's and left it whole: every group through such a layer was left out, and 30% was out of

@@ -34,7 +34,7 @@ from perf4sight.ir.to_torch import build_module
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.coordinates import coordinate_channels
-from perf4sight.ir.standardised import standardised_weights
+from perf4sight.ir.standardised import STANDARDIZE_GAIN, STANDARDIZES, standardised_weights
 from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop,
                                        forward_error, in_mode, run_on_meta, stderr_kept_on_success)
 from perf4sight.ir.torch_calls import (_MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _mask_multiplied, _op_of,
@@ -445,8 +445,13 @@ def _parameter_roles(n: fx.Node, op: str) -> list[tuple[str, fx.Node]]:
 
     if op in ("scale", "shift", "token"):
         return [("weight", h) for h in (held(a) for a in n.all_input_nodes) if h is not None]
-    return [(name, h) for name, h in ((name, held(_arg(n, i, name))) for i, name in _PARAMETER_ARGS.get(op, ()))
-            if h is not None]
+    roles = [(name, h) for name, h in ((name, held(_arg(n, i, name))) for i, name in _PARAMETER_ARGS.get(op, ()))
+             if h is not None]
+    weight = _arg(n, 1, "weight")
+    if op == "conv2d" and isinstance(weight, fx.Node) and STANDARDIZES in weight.meta:  # standardised: its
+        roles.append(("weight", weight.meta[STANDARDIZES]))  # parameter, and ScaledStdConv2d's gain
+        roles += [("gain", n.meta[STANDARDIZE_GAIN])] if STANDARDIZE_GAIN in n.meta else []
+    return roles
 
 
 def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:

@@ -26,12 +26,14 @@ import torch.nn.functional as F
 
 from perf4sight.ir.fx_values import _arg
 
-__all__ = ["STANDARDIZES", "standardised_weights"]
+__all__ = ["STANDARDIZE_GAIN", "STANDARDIZES", "standardised_weights"]
 
 #: fx meta key of a standardised weight's node: the parameter's ``get_attr`` node it is computed from
 STANDARDIZES = "perf4sight_standardizes"
 #: fx meta key of the convolution reading it: its description attrs (``standardize``, ``standardize_eps``, ...)
 STANDARDIZE_ATTRS = "perf4sight_standardize_attrs"
+#: fx meta key of the convolution reading it: the ``get_attr`` node of its gain, where it has one (ScaledStdConv2d's)
+STANDARDIZE_GAIN = "perf4sight_standardize_gain"
 
 _DIVS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide"}
 _SUBS = {operator.sub, torch.sub, "sub"}
@@ -256,5 +258,8 @@ def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
         if all(set(a.users) <= readers[a] for m in chain for a in m.all_input_nodes if a.op == "get_attr"):
             w.meta[STANDARDIZES] = p
             n.meta[STANDARDIZE_ATTRS] = attrs
+            gains = [a for m in chain for a in m.all_input_nodes if a.op == "get_attr" and a is not p]
+            if gains:
+                n.meta[STANDARDIZE_GAIN] = gains[0]
             taken.update((m.name, p) for m in chain)
     return taken
