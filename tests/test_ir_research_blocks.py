@@ -2,9 +2,10 @@
 (per-sample kernels mixed from experts), shuffle attention (groups folded into the batch), CoordConv (coordinate
 channels from torch.linspace), a blur pool (a fixed filter held as a buffer), weight standardisation (a convolution
 whose weight is normalised in the forward) and a gather of a parameter (an embedding's or a relative position bias's
-lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer), weight standardisation in four spellings
-a conv2d of standardize (its weight the parameter standardised at every forward), CoordConv's channels (a linspace
-expanded) the op linspace; none of the others fits a description
+lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer), weight standardisation in five spellings
+a conv2d of standardize (its weight the parameter standardised at every forward; NFNets' ScaledStdConv2d with
+standardize_scale, its gain a parameter), CoordConv's channels (a linspace expanded, a meshgrid's grid, the PyTorch
+port's arange copied by repeat, a meshgrid of aranges) the op linspace; none of the others fits a description
 without an op of its own, and each is refused in one line that names the form, where the refusals named a matmul, a
 reshape or a getitem (or spoke of BiFPN's fusion). A weight computed by a parametrization (weight_norm, spectral_norm,
 orthogonal, weight standardisation) or by torch's hooks (the old weight_norm and spectral_norm, prune's mask) is refused
