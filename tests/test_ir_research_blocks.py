@@ -126,6 +126,15 @@ class _StandardisedByVarMean(nn.Conv2d):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _StandardisedByStdMean(nn.Conv2d):
+    """timm's older StdConv2d: torch.std_mean's biased std and mean, eps added to the std."""
+
+    def forward(self, x):
+        std, mean = torch.std_mean(self.weight, dim=[1, 2, 3], keepdim=True, unbiased=False)
+        w = (self.weight - mean) / (std + 1e-5)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class _StandardisedByRows(nn.Conv2d):
     """mmcv's ConvWS2d: the mean and std of the weight viewed [out, -1], viewed back to [out, 1, 1, 1]."""
 
@@ -713,6 +722,9 @@ _STANDARDISED = {
                                    {"standardize": "var", "standardize_eps": 1e-5, "standardize_unbiased": False}),
     "BiT's torch.var_mean": (lambda: _StandardisedByVarMean(8, 8, 3, padding=1, bias=False),
                              {"standardize": "var_mean", "standardize_eps": 1e-10, "standardize_unbiased": False}),
+    "timm's older torch.std_mean": (lambda: _StandardisedByStdMean(8, 8, 3, padding=1, groups=4),
+                                    {"standardize": "std_mean", "standardize_eps": 1e-5,
+                                     "standardize_unbiased": False}),
     "mmcv's rows": (lambda: _StandardisedByRows(8, 8, 3, padding=1),
                     {"standardize": "std_rows", "standardize_eps": 1e-5, "standardize_unbiased": True}),
 }
@@ -782,7 +794,7 @@ class _StandardisedThrough(nn.Module):
         return self.fc(self.point(self.depthwise(self.depthwise(self.stem(x).relu()))).flatten(1))
 
 
-@pytest.mark.parametrize("form", ["std", "var", "var_mean", "std_rows"])
+@pytest.mark.parametrize("form", ["std", "var", "var_mean", "std_rows", "std_mean"])
 def test_the_moments_spellings_are_written_down_as_the_trace_records_them(form):
     """The moments' spellings of weight standardisation went to the meta trace (0.28 s for resnet18's step, against
     0.002 s written down): the allocation model writes each down, every op of it an autograd node as torch makes it
@@ -813,7 +825,7 @@ def test_standardize_attrs_are_checked():
     data = describe(_Block(_StandardisedByBatchNorm(8, 8, 3, padding=1, bias=False)), SHAPE, name="probe").to_dict()
     NetworkDescription.from_dict(data)
     for change, said in (({"standardize": "rms"}, "attr 'standardize' must be one of batch_norm, std, var, var_mean, "
-                                                  "std_rows"),
+                                                  "std_rows, std_mean"),
                          ({"standardize_unbiased": True}, "attr 'standardize_unbiased' is not for standardize "
                                                           "'batch_norm'"),
                          ({"standardize": None}, "attr 'standardize_eps' is for a conv2d of 'standardize'"),

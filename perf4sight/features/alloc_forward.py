@@ -135,11 +135,11 @@ def _scaled_gain(ctx: _OpContext, out: int) -> tuple[int, int]:
 
 def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[int, int, list[int]]:
     """:func:`_standardised_weight` of the moments' spellings, ``(w - mean) / spread`` (std, var, var_mean,
-    std_rows), each op its own autograd node as torch makes it. The mean's node (var_mean's, whose two outputs'
-    gradients it gathers), the subtraction (the parameter's gradient handed on as it is, the mean's the incoming one
-    negated and summed down), the spread (std plus eps, ``sqrt`` of var plus eps) and the division, which keeps the
-    centred weight and the spread; backward its spread's gradient first (``-grad * ((w / s) / s)``: three temporaries
-    of the weight's size). A std keeps its result and a var does not; their backward (``var_backward``: the weight
+    std_rows, std_mean), each op its own autograd node as torch makes it. The mean's node (var_mean's or std_mean's,
+    whose two outputs' gradients it gathers), the subtraction (the parameter's gradient handed on as it is, the
+    mean's the incoming one negated and summed down), the spread (std plus eps, ``sqrt`` of var plus eps) and the
+    division, which keeps the centred weight and the spread; backward its spread's gradient first (``-grad * ((w /
+    s) / s)``: three temporaries of the weight's size). A std keeps its result and a var does not; their backward (``var_backward``: the weight
     less its mean, times ``2 / dof`` times the incoming gradient; a std's the incoming one over twice its result first,
     masked where that is 0) is one gradient of the weight's size. mmcv's rows read the weight as ``[out, -1]`` (one
     view node for both statistics, which sums their gradients) and view their statistics back."""
@@ -176,10 +176,19 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
         moments = grad_fn([], [param], [nbytes], ["aten.add.Tensor"], gathers=2, out_shape=per_channel,
                           shapes=[shape], around=[summands])
         mean, mean_fn, after = m, moments, [v, m]
+    elif form == "std_mean":  # torch.std_mean likewise, its node keeping the std: its backward the std's (its
+        # product and mask freed after the mask, the rest after its last product) plus the mean's, then the add
+        s = alloc("std_mean.correction", stat)
+        m = alloc("std_mean.correction", stat)
+        summands = [(size, kernel, 2 if rest else 6) for size, kernel, *rest in std_backward] + [
+            (nbytes, "aten.mul.Tensor"), (nbytes, "aten.div.Scalar")]
+        moments = grad_fn([s], [param], [nbytes], ["aten.add.Tensor"], gathers=2, out_shape=per_channel,
+                          shapes=[shape], around=[summands])
+        mean, mean_fn, after = m, moments, [s, m]
     else:  # mmcv's mean is a local, held to the end; the others' a temporary of the expression
         mean, mean_fn = statistic("mean.dim", "aten.div.Scalar")
         after = [mean] if rows else []
-    std_fn = None
+    std_fn = moments if form == "std_mean" else None
     if rows:  # mmcv's std is taken before the subtraction (the std kept by its node)
         _, std_fn = statistic("std.correction", "aten.mul.Tensor", saved=True, around=std_backward, holders=0)
     centred = alloc("sub.Tensor", nbytes, holders=0)
@@ -189,7 +198,7 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
                   out_shape=shape, shapes=[shape, per_channel])
     if form in ("std", "var"):
         drop(mean)
-    if form in ("std", "std_rows"):  # (w - mean) / (std + eps)
+    if form in ("std", "std_rows", "std_mean"):  # (w - mean) / (std + eps)
         if std_fn is None:
             _, std_fn = statistic("std.correction", "aten.mul.Tensor", saved=True, around=std_backward, holders=0)
         spread = alloc("add.Tensor", stat, holders=0)

@@ -542,8 +542,9 @@ def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...], int]]
 #: A conv2d's ``standardize``: how its weight is standardised per output channel, each as written (torch runs each
 #: with kernels of its own; perf4sight.ir.standardised): F.batch_norm of the weight viewed [1, out, -1] (timm's
 #: StdConv2d), (w - mean) / (std + eps), (w - mean) / sqrt(var + eps), that of torch.var_mean (BiT's), or mmcv's
-#: ConvWS2d: (w - mean) / (std + eps) of the statistics of w.view(out, -1)'s rows, viewed back to [out, 1, 1, 1]
-STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows")
+#: ConvWS2d: (w - mean) / (std + eps) of the statistics of w.view(out, -1)'s rows, viewed back to [out, 1, 1, 1], or
+#: (w - mean) / (std + eps) of torch.std_mean (timm's older StdConv2d)
+STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows", "std_mean")
 
 
 #: (A conv2d's or a linear's ``spectral_norm``, likewise: torch's spectral_norm as its parametrization or its older

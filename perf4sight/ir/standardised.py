@@ -1,17 +1,18 @@
 """Weight standardisation found in a torch.fx trace: a ``conv2d`` whose weight is its parameter standardised per output
 channel at every forward (BiT's and timm's ``StdConv2d``), described as the conv2d of the optional attr
-``standardize`` (:mod:`perf4sight.ir.schema`). Five spellings are read, each rebuilt as written (torch runs each
+``standardize`` (:mod:`perf4sight.ir.schema`). Six spellings are read, each rebuilt as written (torch runs each
 with kernels of its own)::
 
     F.batch_norm(w.reshape(1, out, -1), None, None, training=True, momentum=0., eps=eps).reshape_as(w)  # batch_norm
     (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + eps)                    # std
     (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True) + eps).sqrt()             # var
     v, m = torch.var_mean(w, (1, 2, 3), keepdim=True); (w - m) / torch.sqrt(v + eps)                    # var_mean
+    s, m = torch.std_mean(w, (1, 2, 3), keepdim=True); (w - m) / (s + eps)                # std_mean (timm's older)
     f = w.view(out, -1); (w - f.mean(dim=1, keepdim=True).view(out, 1, 1, 1))
                          / (f.std(dim=1, keepdim=True).view(out, 1, 1, 1) + eps)       # std_rows (mmcv's ConvWS2d)
 
-(``std``, ``var`` and ``var_mean`` with ``unbiased=`` or ``correction=`` of 0 or 1, ``std_rows`` with ``unbiased=``:
-``standardize_unbiased``; ``out`` an int or the weight's ``size(0)``;
+(``std``, ``var``, ``var_mean`` and ``std_mean`` with ``unbiased=`` or ``correction=`` of 0 or 1, ``std_rows`` with
+``unbiased=``: ``standardize_unbiased``; ``out`` an int or the weight's ``size(0)``;
 ``torch.sqrt(x)`` or ``x.sqrt()``, ``torch.div`` or ``/``). Every node between the parameter and the convolution is
 taken in by the conv2d; a spelling with a part read elsewhere, or any other, is not one, and stays refused.
 """
@@ -186,6 +187,16 @@ def _scaled_gain(weight: Any, out: int) -> Optional[tuple[float, list[fx.Node]]]
     return float(scale), [product, weight]
 
 
+def _both(first: fx.Node, second: fx.Node) -> Optional[fx.Node]:
+    """The call whose outputs 0 and 1 ``first`` and ``second`` pick (torch.var_mean's, torch.std_mean's)."""
+    picks = (first, second)
+    if not all(isinstance(n, fx.Node) and n.op == "call_function" and n.target is operator.getitem and
+               len(n.args) == 2 for n in picks) or first.args[0] is not second.args[0] or \
+            (first.args[1], second.args[1]) != (0, 1):
+        return None
+    return first.args[0]
+
+
 def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     """``(p - mean) / (std + eps)``, ``/ (var + eps).sqrt()`` or ``torch.var_mean``'s ``/ torch.sqrt(v + eps)``."""
     if not _is(w, _DIVS) or len(w.args) != 2 or w.kwargs:
@@ -204,6 +215,11 @@ def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
             inner = list(dict.fromkeys(rows[1][1] + rows[0][1]))
             return p, {"standardize": "std_rows", "standardize_eps": eps,
                        "standardize_unbiased": rows[0][0]["unbiased"]}, inner + [centred, spread, w]
+        both = _both(std, mean)
+        stat = _channel_stat(both, p, {torch.std_mean}) if both is not None else None
+        if stat is not None:  # timm's older StdConv2d: torch.std_mean's std and mean
+            return p, {"standardize": "std_mean", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"]}, \
+                [both, std, mean, centred, spread, w]
         stat = _channel_stat(std, p, _STDS)
         if stat is None or _channel_stat(mean, p, _MEANS) is None:
             return None
@@ -216,12 +232,8 @@ def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     if stat is not None and _channel_stat(mean, p, _MEANS) is not None:
         return p, {"standardize": "var", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"]}, \
             [mean, centred, var, spread.args[0], spread, w]
-    picks = (var, mean)
-    if not all(n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2 for n in picks) or \
-            var.args[0] is not mean.args[0] or (var.args[1], mean.args[1]) != (0, 1):
-        return None
-    both = var.args[0]
-    stat = _channel_stat(both, p, {torch.var_mean})
+    both = _both(var, mean)
+    stat = _channel_stat(both, p, {torch.var_mean}) if both is not None else None
     if stat is None:
         return None
     return p, {"standardize": "var_mean", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"]}, \

@@ -92,6 +92,9 @@ class StandardizedConv2d(nn.Conv2d):
         elif self.standardize == "var_mean":
             v, m = torch.var_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
             w = (w - m) / torch.sqrt(v + self.eps)
+        elif self.standardize == "std_mean":
+            s, m = torch.std_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
+            w = (w - m) / (s + self.eps)
         else:  # std_rows: mmcv's ConvWS2d
             c = self.out_channels
             flat = w.view(c, -1)

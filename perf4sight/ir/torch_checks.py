@@ -250,7 +250,8 @@ _WEIGHTED_CALLS = {F.conv1d: "convolution", F.conv2d: "convolution", F.conv3d: "
 _STANDARDISED_SAID = (" (weight standardisation describes written as timm's StdConv2d, F.batch_norm(w.reshape(1, out, "
                       "-1), None, None, training=True, eps=eps).reshape_as(w) (NFNets' ScaledStdConv2d with "
                       "weight=(gain * scale).view(-1)), or as (w - w.mean((1, 2, 3), "
-                      "keepdim=True)) over (w.std(...) + eps), (w.var(...) + eps).sqrt() or torch.var_mean's, or as "
+                      "keepdim=True)) over (w.std(...) + eps), (w.var(...) + eps).sqrt(), torch.var_mean's or "
+                      "torch.std_mean's, or as "
                       "mmcv's ConvWS2d, the mean and std of w.view(out, -1)'s rows)")
 
 
