@@ -141,8 +141,9 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
     division, which keeps the centred weight and the spread; backward its spread's gradient first (``-grad * ((w /
     s) / s)``: three temporaries of the weight's size). A std keeps its result and a var does not; their backward
     (``var_backward``: the weight less its mean, times ``2 / dof`` times the incoming gradient; a std's the incoming
-    one over twice its result first, masked where that is 0) is one gradient of the weight's size. mmcv's rows read the weight as ``[out, -1]`` (one
-    view node for both statistics, which sums their gradients) and view their statistics back."""
+    one over twice its result first, masked where that is 0) is one gradient of the weight's size. mmcv's rows read
+    the weight as ``[out, -1]`` (one view node for both statistics, which sums their gradients) and view their
+    statistics back."""
     out = shape[0]
     stat, param = out * FLOAT, ("param", ctx.first_param)
     rows = form == "std_rows"
