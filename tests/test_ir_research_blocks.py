@@ -107,6 +107,15 @@ class _ScaledStandardised(nn.Conv2d):
         return F.conv2d(x, w.reshape_as(self.weight), self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _ScaledByStdMean(_ScaledStandardised):
+    """timm's older ScaledStdConv2d: torch.std_mean's, times the scale, over the std plus eps, times the gain."""
+
+    def forward(self, x):
+        std, mean = torch.std_mean(self.weight, dim=[1, 2, 3], keepdim=True, unbiased=False)
+        weight = self.scale * (self.weight - mean) / (std + self.eps)
+        return F.conv2d(x, self.gain * weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class _StandardisedByStd(nn.Conv2d):
     """Weight standardisation as its paper's summary writes it: less the mean, over the (unbiased) std plus eps."""
 
@@ -716,6 +725,9 @@ _STANDARDISED = {
     "NFNets' scaled, with a gain": (lambda: _ScaledStandardised(8, 8, 3, padding=1, groups=2),
                                     {"standardize": "batch_norm", "standardize_eps": 1e-6,
                                      "standardize_scale": 1.7 * 36 ** -0.5}),
+    "NFNets' scaled, timm's older": (lambda: _ScaledByStdMean(8, 8, 3, padding=1),
+                                     {"standardize": "std_mean", "standardize_eps": 1e-6, "standardize_unbiased": False,
+                                      "standardize_scale": 1.7 * 72 ** -0.5}),
     "the std": (lambda: _StandardisedByStd(8, 8, 3, padding=1, groups=2),
                 {"standardize": "std", "standardize_eps": 1e-5, "standardize_unbiased": True}),
     "the variance's square root": (lambda: _StandardisedConv(8, 8, 3, padding=1),
@@ -838,7 +850,8 @@ def test_standardize_attrs_are_checked():
             NetworkDescription.from_dict(changed)
     data = describe(_Block(_ScaledStandardised(8, 8, 3, padding=1)), SHAPE, name="probe").to_dict()
     NetworkDescription.from_dict(data)
-    for change, said in (({"standardize": "var"}, "attr 'standardize_scale' is for standardize 'batch_norm'"),
+    for change, said in (({"standardize": "var"}, "attr 'standardize_scale' is for standardize 'batch_norm' or "
+                                                  "'std_mean'"),
                          ({"standardize": None, "standardize_eps": None}, "attr 'standardize_scale' is for a conv2d "
                                                                           "of 'standardize'"),
                          ({"standardize_scale": "1.0"}, "attr 'standardize_scale' must be a number")):
@@ -847,6 +860,36 @@ def test_standardize_attrs_are_checked():
         node["attrs"] = {k: v for k, v in {**node["attrs"], **change}.items() if v is not None}
         with pytest.raises(UserError, match=said):
             NetworkDescription.from_dict(changed)
+
+
+class _TwiceScaled(nn.Module):
+    """A depthwise scaled standardised convolution without a bias called twice, then a plain-shaped one."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.a, self.b = make(8, 8, 3, padding=1, groups=8, bias=False), make(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(self.a(self.a(x)).relu())
+
+
+@pytest.mark.parametrize("make", [_ScaledStandardised, _ScaledByStdMean])
+def test_scaled_standardisations_are_written_down_as_the_trace_records_them(make):
+    """ScaledStdConv2d's gain (timm's and its older spelling) in a depthwise layer called twice (its gain shared) and
+    a plain-shaped one: the allocation model's events are the meta trace's at batches 1 and 3, under SGD and Adam
+    (the older spelling's centred weight times the scale a temporary; the gain's product keeping the standardised
+    weight, its backward the weight's gradient and the gain's, summed down)."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Block(_TwiceScaled(make)), SHAPE, name="probe")
+    assert [("standardize_scale" in n.attrs, n.attrs.get("shares")) for n in desc.nodes if n.op == "conv2d"] == [
+        (False, None), (True, None), (True, "conv2d"), (True, None)]
+    for optimizer in ("sgd", "adam"):
+        for batch in (1, 3):
+            assert _as_replayed(record_events(desc, batch, steps=2, method="model", optimizer=optimizer)) == \
+                _as_replayed(record_events(desc, batch, steps=2, method="trace", optimizer=optimizer))
 
 
 @pytest.mark.parametrize("frozen", ["weight", "gain"])
@@ -868,7 +911,8 @@ def test_a_standardised_convolutions_frozen_parameter_is_rebuilt_frozen(frozen):
     assert _kernels_run(module) == _kernels_run(rebuilt)
 
 
-def test_a_network_of_scaled_standardised_convolutions_prunes_and_trains():
+@pytest.mark.parametrize("make", [_ScaledStandardised, _ScaledByStdMean])
+def test_a_network_of_scaled_standardised_convolutions_prunes_and_trains(make):
     """NFNets' ScaledStdConv2d's gain, one an output channel, is cut with its layer's output channels (torch-pruning
     counts it the layer's and left it whole: every group through such a layer was left out, and 30% was out of
     reach), at 30 and 60%; the fixed scale stays the unpruned layer's, as the cut module computes it; a training step
@@ -880,8 +924,8 @@ def test_a_network_of_scaled_standardised_convolutions_prunes_and_trains():
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.stem, self.conv = nn.Conv2d(3, 8, 3, padding=1), _ScaledStandardised(8, 16, 3, padding=1)
-            self.conv2, self.fc = _ScaledStandardised(16, 16, 3, padding=1), nn.Linear(16, 10)
+            self.stem, self.conv = nn.Conv2d(3, 8, 3, padding=1), make(8, 16, 3, padding=1)
+            self.conv2, self.fc = make(16, 16, 3, padding=1), nn.Linear(16, 10)
 
         def forward(self, x):
             return self.fc(self.conv2(self.conv(self.stem(x).relu()).relu()).mean((2, 3)))

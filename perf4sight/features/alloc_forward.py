@@ -192,11 +192,17 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
     std_fn = moments if form == "std_mean" else None
     if rows:  # mmcv's std is taken before the subtraction (the std kept by its node)
         _, std_fn = statistic("std.correction", "aten.mul.Tensor", saved=True, around=std_backward, holders=0)
-    centred = alloc("sub.Tensor", nbytes, holders=0)
+    scaled = "standardize_scale" in ctx.node.attrs  # timm's older ScaledStdConv2d: scale * (w - m), then gain *
+    centred = alloc("sub.Tensor", nbytes, holders=1 if scaled else 0)
     summed = [None, nbytes if nbytes != stat else None]  # a statistic's gradient summed down (none of a 1 x 1 kernel
     # over one input channel a group: the weight is [out, 1, 1, 1] too)
     sub = grad_fn([], [param, ("fn", mean_fn)], [nbytes, stat], [None, "aten.neg.default"], full=summed,
                   out_shape=shape, shapes=[shape, per_channel])
+    if scaled:  # the centred weight times the scale, a temporary it frees; its backward the incoming one times it
+        product = alloc("mul.Tensor", nbytes, holders=0)
+        sub = grad_fn([], [("fn", sub)], [nbytes], ["aten.mul.Tensor"], out_shape=shape, shapes=[shape])
+        drop(centred)
+        centred = product
     if form in ("std", "var"):
         drop(mean)
     if form in ("std", "std_rows", "std_mean"):  # (w - mean) / (std + eps)
@@ -222,6 +228,13 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
                  ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], summed,
                  around=[[], [(nbytes, "aten.div.Tensor"), (nbytes, "aten.div.Tensor"), (nbytes, "aten.neg.default")]],
                  out_shape=shape, shapes=[shape, per_channel])
+    if scaled:  # gain * that: the standardised weight kept; back the weight's gradient and the gain's, summed down
+        gain = ("param", ctx.first_param + len(_params(ctx.node)[0]) - 1)
+        gained = alloc("mul.Tensor", nbytes)
+        fn = grad_fn([sid], [gain, ("fn", fn)], [stat, nbytes], ["aten.mul.Tensor"] * 2, [1, 0], [nbytes, None],
+                     out_shape=shape, shapes=[per_channel, shape])
+        drop(sid)
+        sid = gained
     return sid, fn, [sid] + after
 
 

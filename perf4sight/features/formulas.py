@@ -107,15 +107,19 @@ def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
                    batch_saved=cost.batch_saved + tuple(float(b) for b in kept))
 
 
-def _scaled_gain(cost: OpCost, cout: int) -> OpCost:
-    """``cost`` of a conv2d standardised by ``batch_norm`` whose batch norm's weight is a learnt gain per output channel
-    times a fixed scale (its attr ``standardize_scale``: NFNets' ScaledStdConv2d, ``(gain * scale).view(-1)``): the
-    gain's ``cout`` parameters, a tensor more; the product, a kernel forward, and the gain's gradient, the incoming one
-    times the scale, one back (torch 2.14, a dispatch log; native_batch_norm_backward's count unchanged: it writes the
-    weight's gradient too); kept once a step, the product, which the batch norm reads (``cout`` floats)."""
+def _scaled_gain(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
+    """``cost`` of a conv2d standardised with a learnt gain per output channel and a fixed scale (its attr
+    ``standardize_scale``: NFNets' ScaledStdConv2d): the gain's ``cout`` parameters, a tensor more. By ``batch_norm``
+    (timm's, the batch norm's weight ``(gain * scale).view(-1)``): the product, a kernel forward, and the gain's
+    gradient, the incoming one times the scale, one back (native_batch_norm_backward's count unchanged: it writes the
+    weight's gradient too); kept once a step, the product (``cout`` floats). By ``std_mean`` (timm's older, ``gain *
+    (scale * (w - m) / (s + eps))``): the two products forward; back the scale's product and the gain's (the weight's
+    gradient, and the gain's, a product summed down); kept, the standardised weight the gain multiplies (torch 2.14,
+    a dispatch log)."""
+    fwd, bwd, kept = (1, 1, cout) if form == "batch_norm" else (2, 4, weights)
     return replace(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
-                   kernels_fwd=cost.kernels_fwd + 1, kernels_bwd=cost.kernels_bwd + 1,
-                   batch_saved=cost.batch_saved + (float(cout * BYTES_PER_ELEMENT),))
+                   kernels_fwd=cost.kernels_fwd + fwd, kernels_bwd=cost.kernels_bwd + bwd,
+                   batch_saved=cost.batch_saved + (float(kept * BYTES_PER_ELEMENT),))
 
 
 def _weight_normed(cost: OpCost, weights: int, cout: int) -> OpCost:
@@ -177,7 +181,7 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     if not a.get("standardize"):
         return cost
     cost = _standardized(cost, a["standardize"], weights, cout)
-    return _scaled_gain(cost, cout) if "standardize_scale" in a else cost
+    return _scaled_gain(cost, a["standardize"], weights, cout) if "standardize_scale" in a else cost
 
 
 def _conv_transpose2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

@@ -136,9 +136,11 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
         for back in (False,) * fwd + (True,) * bwd:
             r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes, back)
-        if "standardize_scale" in a:  # ScaledStdConv2d's gain times its scale, and back: a float an output channel
-            for back in (False, True):
-                r.other(BANDWIDTH, 0.0, 0.0, 2.0 * cout * BYTES_PER_ELEMENT, back)
+        if "standardize_scale" in a:  # ScaledStdConv2d's gain and scale (formulas._scaled_gain): timm's over a float
+            # an output channel, one kernel each way; its older spelling's over the weight, 2 forward and 4 back
+            fwd, bwd, size = (1, 1, cout * BYTES_PER_ELEMENT) if a["standardize"] == "batch_norm" else (2, 4, w_bytes)
+            for back in (False,) * fwd + (True,) * bwd:
+                r.other(BANDWIDTH, 0.0, 0.0, 2.0 * size, back)
 
 
 def _arange_coordinates(r: _Rows, node: Node, kernels: int) -> None:

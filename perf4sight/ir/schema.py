@@ -31,7 +31,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # conv2d: of the optional flag fixed (false), its filter a buffer, learnt nothing (a blur pool's), and no bias;
     # optional standardize (STANDARDIZATIONS: its weight the parameter standardised per output channel at every
     # forward, as written: BiT's and timm's StdConv2d), with standardize_eps (1e-5) and, but for batch_norm,
-    # standardize_unbiased (true: torch's default), and for batch_norm standardize_scale (NFNets' ScaledStdConv2d: the
+    # standardize_unbiased (true: torch's default), and for batch_norm or std_mean (timm's older spelling: gain *
+    # (scale * (w - m) / (s + eps))) standardize_scale (NFNets' ScaledStdConv2d: the
     # standardised weight times a learnt gain per output channel, a parameter [out, 1, 1, 1], times this fixed scale,
     # gamma * fan_in ** -0.5, as F.batch_norm's weight (gain * scale).view(-1)); optional weight_norm (WEIGHT_NORMS:
     # its weight g * v / ||v|| per output channel, from two parameters, as torch's weight_norm computes it at every
@@ -618,8 +619,9 @@ def _standardize_problem(attrs: Dict[str, Any]) -> str:
         return "a fixed conv2d (its filter a buffer) has no weight to standardize"
     if form == "batch_norm" and "standardize_unbiased" in attrs:
         return "attr 'standardize_unbiased' is not for standardize 'batch_norm' (a batch norm's variance is biased)"
-    if form != "batch_norm" and "standardize_scale" in attrs:
-        return "attr 'standardize_scale' is for standardize 'batch_norm' (NFNets' ScaledStdConv2d, as timm writes it)"
+    if form not in ("batch_norm", "std_mean") and "standardize_scale" in attrs:
+        return ("attr 'standardize_scale' is for standardize 'batch_norm' or 'std_mean' (NFNets' ScaledStdConv2d, as "
+                "timm writes it and wrote it)")
     return ""
 
 

@@ -240,6 +240,34 @@ def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
         [both, var, mean, centred, spread.args[0], spread, w]
 
 
+def _by_scaled_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
+    """timm's older ScaledStdConv2d: ``s, m = torch.std_mean(p, ...)``, ``gain * (scale * (p - m) / (s + eps))``, the
+    gain a parameter ``[out, 1, 1, 1]``: std_mean of ``standardize_scale``."""
+    if not _is(w, _MULS) or len(w.args) != 2 or w.kwargs or not all(isinstance(a, fx.Node) for a in w.args):
+        return None
+    gain, divided = w.args if w.args[0].op == "get_attr" else w.args[::-1]
+    if gain.op != "get_attr" or not _is(divided, _DIVS) or len(divided.args) != 2 or divided.kwargs:
+        return None
+    numerator, spread = divided.args
+    if not _is(numerator, _MULS) or len(numerator.args) != 2 or numerator.kwargs:
+        return None
+    scale, centred = numerator.args if not isinstance(numerator.args[0], fx.Node) else numerator.args[::-1]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not _is(centred, _SUBS) or \
+            len(centred.args) != 2 or centred.kwargs or _plus_eps(spread) is None:
+        return None
+    p, mean = centred.args
+    std, eps = _plus_eps(spread)
+    both = _both(std, mean) if isinstance(mean, fx.Node) else None
+    if not isinstance(p, fx.Node) or p.op != "get_attr" or both is None or len(_shape(p)) != 4 or \
+            _shape(gain) != (_shape(p)[0], 1, 1, 1):
+        return None
+    stat = _channel_stat(both, p, {torch.std_mean})
+    if stat is None:
+        return None
+    return p, {"standardize": "std_mean", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"],
+               "standardize_scale": float(scale)}, [both, std, mean, centred, numerator, spread, divided, w]
+
+
 def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
     """Each ``F.conv2d`` of ``gm`` whose weight is a parameter standardised in one of the module docstring's spellings,
     its weight's node marked (``STANDARDIZES``: the parameter's node) and the convolution's (``STANDARDIZE_ATTRS``);
@@ -254,7 +282,7 @@ def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
         w = _arg(n, 1, "weight")
         if not isinstance(w, fx.Node) or w.op == "get_attr":
             continue
-        made = _by_batch_norm(w) or _by_moments(w)
+        made = _by_batch_norm(w) or _by_moments(w) or _by_scaled_moments(w)
         if made is None or made[0].target not in params or len(_shape(made[0])) != 4:
             continue
         p, attrs, chain = made

@@ -94,7 +94,10 @@ class StandardizedConv2d(nn.Conv2d):
             w = (w - m) / torch.sqrt(v + self.eps)
         elif self.standardize == "std_mean":
             s, m = torch.std_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
-            w = (w - m) / (s + self.eps)
+            if self.scale is None:
+                w = (w - m) / (s + self.eps)
+            else:  # timm's older ScaledStdConv2d
+                w = self.gain * (self.scale * (w - m) / (s + self.eps))
         else:  # std_rows: mmcv's ConvWS2d
             c = self.out_channels
             flat = w.view(c, -1)
