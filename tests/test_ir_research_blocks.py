@@ -116,6 +116,23 @@ class _ScaledByStdMean(_ScaledStandardised):
         return F.conv2d(x, self.gain * weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _ScaledByLayerNorm(_ScaledStandardised):
+    """timm's ScaledStdConv2d of use_layernorm: F.layer_norm over each output channel's kernel, times the scale, times
+    the gain (its eps squared)."""
+
+    def forward(self, x):
+        weight = self.scale * F.layer_norm(self.weight, self.weight.shape[1:], eps=self.eps ** 2)
+        return F.conv2d(x, self.gain * weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _StandardisedByLayerNorm(nn.Conv2d):
+    """Weight standardisation by F.layer_norm of the weight over each output channel's kernel (its sizes by size())."""
+
+    def forward(self, x):
+        w = F.layer_norm(self.weight, self.weight.size()[1:], eps=1e-5)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class _StandardisedByStd(nn.Conv2d):
     """Weight standardisation as its paper's summary writes it: less the mean, over the (unbiased) std plus eps."""
 
@@ -728,6 +745,11 @@ _STANDARDISED = {
     "NFNets' scaled, timm's older": (lambda: _ScaledByStdMean(8, 8, 3, padding=1),
                                      {"standardize": "std_mean", "standardize_eps": 1e-6, "standardize_unbiased": False,
                                       "standardize_scale": 1.7 * 72 ** -0.5}),
+    "NFNets' scaled, by layer_norm": (lambda: _ScaledByLayerNorm(8, 8, 3, padding=1),
+                                      {"standardize": "layer_norm", "standardize_eps": 1e-12,
+                                       "standardize_scale": 1.7 * 72 ** -0.5}),
+    "F.layer_norm": (lambda: _StandardisedByLayerNorm(8, 8, 3, padding=1, groups=2),
+                     {"standardize": "layer_norm", "standardize_eps": 1e-5}),
     "the std": (lambda: _StandardisedByStd(8, 8, 3, padding=1, groups=2),
                 {"standardize": "std", "standardize_eps": 1e-5, "standardize_unbiased": True}),
     "the variance's square root": (lambda: _StandardisedConv(8, 8, 3, padding=1),
@@ -806,7 +828,7 @@ class _StandardisedThrough(nn.Module):
         return self.fc(self.point(self.depthwise(self.depthwise(self.stem(x).relu()))).flatten(1))
 
 
-@pytest.mark.parametrize("form", ["std", "var", "var_mean", "std_rows", "std_mean"])
+@pytest.mark.parametrize("form", ["std", "var", "var_mean", "std_rows", "std_mean", "layer_norm"])
 def test_the_moments_spellings_are_written_down_as_the_trace_records_them(form):
     """The moments' spellings of weight standardisation went to the meta trace (0.28 s for resnet18's step, against
     0.002 s written down): the allocation model writes each down, every op of it an autograd node as torch makes it
@@ -850,8 +872,8 @@ def test_standardize_attrs_are_checked():
             NetworkDescription.from_dict(changed)
     data = describe(_Block(_ScaledStandardised(8, 8, 3, padding=1)), SHAPE, name="probe").to_dict()
     NetworkDescription.from_dict(data)
-    for change, said in (({"standardize": "var"}, "attr 'standardize_scale' is for standardize 'batch_norm' or "
-                                                  "'std_mean'"),
+    for change, said in (({"standardize": "var"}, "attr 'standardize_scale' is for standardize 'batch_norm', "
+                                                  "'std_mean' or 'layer_norm'"),
                          ({"standardize": None, "standardize_eps": None}, "attr 'standardize_scale' is for a conv2d "
                                                                           "of 'standardize'"),
                          ({"standardize_scale": "1.0"}, "attr 'standardize_scale' must be a number")):
@@ -873,7 +895,7 @@ class _TwiceScaled(nn.Module):
         return self.b(self.a(self.a(x)).relu())
 
 
-@pytest.mark.parametrize("make", [_ScaledStandardised, _ScaledByStdMean])
+@pytest.mark.parametrize("make", [_ScaledStandardised, _ScaledByStdMean, _ScaledByLayerNorm])
 def test_scaled_standardisations_are_written_down_as_the_trace_records_them(make):
     """ScaledStdConv2d's gain (timm's and its older spelling) in a depthwise layer called twice (its gain shared) and
     a plain-shaped one: the allocation model's events are the meta trace's at batches 1 and 3, under SGD and Adam

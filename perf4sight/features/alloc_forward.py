@@ -116,6 +116,18 @@ def _standardised_weight(ctx: _OpContext, nbytes: int) -> tuple[int, int, list[i
         fn = ctx.grad_fn(stats, edges, sizes, ["aten.native_batch_norm_backward.default"] * len(edges),
                          out_shape=shape, shapes=shapes)
         return sid, fn, [sid]
+    if form == "layer_norm":  # F.layer_norm over each output channel: the output, a mean and a 1/std, both kept
+        sid = ctx.alloc("native_layer_norm.default", nbytes)
+        stats = [ctx.alloc("native_layer_norm.default", shape[0] * FLOAT, holders=0) for _ in range(2)]
+        fn = ctx.grad_fn(stats, [("param", ctx.first_param)], [nbytes], ["aten.native_layer_norm_backward.default"],
+                         out_shape=shape, shapes=[shape])
+        if "standardize_scale" not in ctx.node.attrs:
+            return sid, fn, [sid]
+        product = ctx.alloc("mul.Tensor", nbytes)  # scale * that (timm's use_layernorm), then gain * (its local
+        fn = ctx.grad_fn([], [("fn", fn)], [nbytes], ["aten.mul.Tensor"], out_shape=shape, shapes=[shape])  # freed
+        gained, fn = _gained(ctx, product, fn, shape)  # after)
+        ctx.mem.drop(sid)
+        return gained, fn, [gained]
     return _by_moments(ctx, form, nbytes, shape)
 
 
@@ -228,14 +240,22 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
                  ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], summed,
                  around=[[], [(nbytes, "aten.div.Tensor"), (nbytes, "aten.div.Tensor"), (nbytes, "aten.neg.default")]],
                  out_shape=shape, shapes=[shape, per_channel])
-    if scaled:  # gain * that: the standardised weight kept; back the weight's gradient and the gain's, summed down
-        gain = ("param", ctx.first_param + len(_params(ctx.node)[0]) - 1)
-        gained = alloc("mul.Tensor", nbytes)
-        fn = grad_fn([sid], [gain, ("fn", fn)], [stat, nbytes], ["aten.mul.Tensor"] * 2, [1, 0], [nbytes, None],
-                     out_shape=shape, shapes=[per_channel, shape])
-        drop(sid)
-        sid = gained
+    if scaled:
+        sid, fn = _gained(ctx, sid, fn, shape)
     return sid, fn, [sid] + after
+
+
+def _gained(ctx: _OpContext, sid: int, fn: int, shape: tuple) -> tuple[int, int]:
+    """ScaledStdConv2d's ``gain * weight`` (timm's older spellings; the gain its last parameter) of the standardised
+    weight ``sid`` (its node ``fn``): the product and its node, which keeps ``sid`` (whose local it drops); back the
+    weight's gradient, then the gain's, summed down to ``[out, 1, 1, 1]``."""
+    nbytes, per_channel = prod(shape) * FLOAT, (shape[0], 1, 1, 1)
+    gain = ("param", ctx.first_param + len(_params(ctx.node)[0]) - 1)
+    gained = ctx.alloc("mul.Tensor", nbytes)
+    fn = ctx.grad_fn([sid], [gain, ("fn", fn)], [shape[0] * FLOAT, nbytes], ["aten.mul.Tensor"] * 2, [1, 0],
+                     [nbytes, None], out_shape=shape, shapes=[per_channel, shape])
+    ctx.mem.drop(sid)
+    return gained, fn
 
 
 def _convolution_layouts(ctx: _OpContext, params: int) -> tuple[list, list[bool]]:

@@ -91,9 +91,9 @@ def _io_bytes(in_shapes: list[list[int]], out_shape: list[int]) -> tuple[float, 
 #: keeps its mean and 1/std; the moments' spellings keep the centred weight and the spread (std: the std and the std
 #: plus eps); every one keeps the standardised weight, which the convolution reads (a plain one keeps its parameter).
 STANDARDIZE_KERNELS = {"batch_norm": (1, 1), "std": (5, 19), "var": (6, 17), "var_mean": (5, 17), "std_rows": (5, 19),
-                       "std_mean": (4, 19)}
+                       "std_mean": (4, 19), "layer_norm": (1, 1)}
 STANDARDIZE_KEPT = {"batch_norm": (1, 2), "std": (2, 2), "var": (2, 1), "var_mean": (2, 1), "std_rows": (2, 2),
-                    "std_mean": (2, 2)}
+                    "std_mean": (2, 2), "layer_norm": (1, 2)}
 
 
 def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:

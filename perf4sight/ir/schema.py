@@ -544,8 +544,9 @@ def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...], int]]
 #: with kernels of its own; perf4sight.ir.standardised): F.batch_norm of the weight viewed [1, out, -1] (timm's
 #: StdConv2d), (w - mean) / (std + eps), (w - mean) / sqrt(var + eps), that of torch.var_mean (BiT's), or mmcv's
 #: ConvWS2d: (w - mean) / (std + eps) of the statistics of w.view(out, -1)'s rows, viewed back to [out, 1, 1, 1], or
-#: (w - mean) / (std + eps) of torch.std_mean (timm's older StdConv2d)
-STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows", "std_mean")
+#: (w - mean) / (std + eps) of torch.std_mean (timm's older StdConv2d), or F.layer_norm(w, w.shape[1:], eps=eps)
+#: (timm's ScaledStdConv2d of use_layernorm)
+STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows", "std_mean", "layer_norm")
 
 
 #: (A conv2d's or a linear's ``spectral_norm``, likewise: torch's spectral_norm as its parametrization or its older
@@ -617,11 +618,12 @@ def _standardize_problem(attrs: Dict[str, Any]) -> str:
         return f"attr 'standardize' must be one of {', '.join(STANDARDIZATIONS)}, got {form!r}"
     if attrs.get("fixed"):
         return "a fixed conv2d (its filter a buffer) has no weight to standardize"
-    if form == "batch_norm" and "standardize_unbiased" in attrs:
-        return "attr 'standardize_unbiased' is not for standardize 'batch_norm' (a batch norm's variance is biased)"
-    if form not in ("batch_norm", "std_mean") and "standardize_scale" in attrs:
-        return ("attr 'standardize_scale' is for standardize 'batch_norm' or 'std_mean' (NFNets' ScaledStdConv2d, as "
-                "timm writes it and wrote it)")
+    if form in ("batch_norm", "layer_norm") and "standardize_unbiased" in attrs:
+        return (f"attr 'standardize_unbiased' is not for standardize '{form}' (a {form.replace('_', ' ')}'s variance "
+                "is biased)")
+    if form not in ("batch_norm", "std_mean", "layer_norm") and "standardize_scale" in attrs:
+        return ("attr 'standardize_scale' is for standardize 'batch_norm', 'std_mean' or 'layer_norm' (NFNets' "
+                "ScaledStdConv2d, as timm writes it and wrote it)")
     return ""
 
 

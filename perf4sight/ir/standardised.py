@@ -1,6 +1,6 @@
 """Weight standardisation found in a torch.fx trace: a ``conv2d`` whose weight is its parameter standardised per output
 channel at every forward (BiT's and timm's ``StdConv2d``), described as the conv2d of the optional attr
-``standardize`` (:mod:`perf4sight.ir.schema`). Six spellings are read, each rebuilt as written (torch runs each
+``standardize`` (:mod:`perf4sight.ir.schema`). Seven spellings are read, each rebuilt as written (torch runs each
 with kernels of its own)::
 
     F.batch_norm(w.reshape(1, out, -1), None, None, training=True, momentum=0., eps=eps).reshape_as(w)  # batch_norm
@@ -8,6 +8,7 @@ with kernels of its own)::
     (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True) + eps).sqrt()             # var
     v, m = torch.var_mean(w, (1, 2, 3), keepdim=True); (w - m) / torch.sqrt(v + eps)                    # var_mean
     s, m = torch.std_mean(w, (1, 2, 3), keepdim=True); (w - m) / (s + eps)                # std_mean (timm's older)
+    F.layer_norm(w, w.shape[1:], eps=eps)                                                     # layer_norm
     f = w.view(out, -1); (w - f.mean(dim=1, keepdim=True).view(out, 1, 1, 1))
                          / (f.std(dim=1, keepdim=True).view(out, 1, 1, 1) + eps)       # std_rows (mmcv's ConvWS2d)
 
@@ -15,6 +16,9 @@ with kernels of its own)::
 ``unbiased=``: ``standardize_unbiased``; ``out`` an int or the weight's ``size(0)``;
 ``torch.sqrt(x)`` or ``x.sqrt()``, ``torch.div`` or ``/``). Every node between the parameter and the convolution is
 taken in by the conv2d; a spelling with a part read elsewhere, or any other, is not one, and stays refused.
+NFNets' ScaledStdConv2d, a learnt gain per output channel and a fixed scale, is ``standardize_scale``: timm's
+``batch_norm`` of ``weight=(gain * scale).view(-1)``, and its older ``gain * (scale * (w - m) / (s + eps))`` of
+``std_mean`` and ``gain * (scale * F.layer_norm(w, ...))``.
 """
 from __future__ import annotations
 
@@ -268,6 +272,45 @@ def _by_scaled_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node
                "standardize_scale": float(scale)}, [both, std, mean, centred, numerator, spread, divided, w]
 
 
+def _by_layer_norm(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
+    """``F.layer_norm(p, p.shape[1:], eps=eps)`` (timm's ScaledStdConv2d of ``use_layernorm``; a list of the sizes
+    for ``p.shape[1:]``), alone or as ``gain * (scale * that)``, the gain a parameter ``[out, 1, 1, 1]``."""
+    chain: list[fx.Node] = []
+    attrs: dict = {}
+    norm = w
+    if _is(w, _MULS) and len(w.args) == 2 and not w.kwargs and all(isinstance(a, fx.Node) for a in w.args):
+        gain, scaled = w.args if w.args[0].op == "get_attr" else w.args[::-1]
+        if gain.op != "get_attr" or not _is(scaled, _MULS) or len(scaled.args) != 2 or scaled.kwargs:
+            return None
+        scale, norm = scaled.args if not isinstance(scaled.args[0], fx.Node) else scaled.args[::-1]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            return None
+        attrs["standardize_scale"] = float(scale)
+        chain += [scaled, w]
+    if not (isinstance(norm, fx.Node) and norm.op == "call_function" and norm.target is F.layer_norm):
+        return None
+    p, sizes = norm.args[0], _arg(norm, 1, "normalized_shape")
+    if not isinstance(p, fx.Node) or p.op != "get_attr" or len(_shape(p)) != 4 or \
+            any(_arg(norm, i, key) is not None for i, key in ((2, "weight"), (3, "bias"))):
+        return None
+    if chain and _shape(gain) != (_shape(p)[0], 1, 1, 1):
+        return None
+    read: list[fx.Node] = []
+    if isinstance(sizes, fx.Node):  # p.shape[1:] or p.size()[1:]
+        whole = sizes.args[0] if sizes.op == "call_function" and sizes.target is operator.getitem else None
+        if not (isinstance(whole, fx.Node) and sizes.args[1] == slice(1, None, None) and (
+                (whole.op == "call_function" and whole.target is getattr and whole.args == (p, "shape")) or
+                (whole.op == "call_method" and whole.target == "size" and whole.args == (p,)))):
+            return None
+        read = [whole, sizes]
+    elif not isinstance(sizes, (list, tuple)) or list(sizes) != list(_shape(p)[1:]):
+        return None
+    eps = _arg(norm, 4, "eps", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    return p, {"standardize": "layer_norm", "standardize_eps": float(eps), **attrs}, read + [norm] + chain
+
+
 def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
     """Each ``F.conv2d`` of ``gm`` whose weight is a parameter standardised in one of the module docstring's spellings,
     its weight's node marked (``STANDARDIZES``: the parameter's node) and the convolution's (``STANDARDIZE_ATTRS``);
@@ -282,7 +325,7 @@ def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
         w = _arg(n, 1, "weight")
         if not isinstance(w, fx.Node) or w.op == "get_attr":
             continue
-        made = _by_batch_norm(w) or _by_moments(w) or _by_scaled_moments(w)
+        made = _by_batch_norm(w) or _by_moments(w) or _by_scaled_moments(w) or _by_layer_norm(w)
         if made is None or made[0].target not in params or len(_shape(made[0])) != 4:
             continue
         p, attrs, chain = made

@@ -92,6 +92,10 @@ class StandardizedConv2d(nn.Conv2d):
         elif self.standardize == "var_mean":
             v, m = torch.var_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
             w = (w - m) / torch.sqrt(v + self.eps)
+        elif self.standardize == "layer_norm":  # timm's ScaledStdConv2d of use_layernorm
+            w = F.layer_norm(w, w.shape[1:], eps=self.eps)
+            if self.scale is not None:
+                w = self.gain * (self.scale * w)
         elif self.standardize == "std_mean":
             s, m = torch.std_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
             if self.scale is None:

@@ -251,7 +251,7 @@ _STANDARDISED_SAID = (" (weight standardisation describes written as timm's StdC
                       "-1), None, None, training=True, eps=eps).reshape_as(w) (NFNets' ScaledStdConv2d with "
                       "weight=(gain * scale).view(-1)), or as (w - w.mean((1, 2, 3), "
                       "keepdim=True)) over (w.std(...) + eps), (w.var(...) + eps).sqrt(), torch.var_mean's or "
-                      "torch.std_mean's, or as "
+                      "torch.std_mean's, or F.layer_norm(w, w.shape[1:]), or as "
                       "mmcv's ConvWS2d, the mean and std of w.view(out, -1)'s rows)")
 
 
