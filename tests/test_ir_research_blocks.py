@@ -2,7 +2,7 @@
 (per-sample kernels mixed from experts), shuffle attention (groups folded into the batch), CoordConv (coordinate
 channels from torch.linspace), a blur pool (a fixed filter held as a buffer), weight standardisation (a convolution
 whose weight is normalised in the forward) and a gather of a parameter (an embedding's or a relative position bias's
-lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer), weight standardisation in five spellings
+lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer), weight standardisation in seven spellings
 a conv2d of standardize (its weight the parameter standardised at every forward; NFNets' ScaledStdConv2d with
 standardize_scale, its gain a parameter), CoordConv's channels (a linspace expanded, a meshgrid's grid, the PyTorch
 port's arange copied by repeat, a meshgrid of aranges) the op linspace; none of the others fits a description
