@@ -631,6 +631,60 @@ def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_step_s_course(
     assert stopped > 0
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_repeat_that_finds_the_segments_its_step_made_from_a_look_on_stops_there(foreach, monkeypatch):
+    """With ``zero_grad(set_to_none=True)`` the first repeat of the last step may find the allocator, at a look, as the
+    step's run left it there but for the segments that run made later, each free and whole: it then takes the step's
+    course from there (each request that made a segment finds it) and stops. ResNet-18 at 32x32, looks every 16
+    events: some repeats stop so, and run fewer events than with that shortcut barred; every protocol's figures are
+    those of the steps spelled out either way."""
+    from perf4sight.features import allocator
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.networks.zoo import describe_zoo
+    monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
+    ran, met = [], []
+    real_run, real_grown_from = CachingAllocator.run, allocator._grown_from
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
+        self, kinds, *a))
+    desc = describe_zoo("resnet18", [3, 32, 32], num_classes=10)
+    update = StepRuntime(foreach=foreach, grads_to_none=True).traced_update()
+    base = simulate(desc, method="model", **update)
+    fewer = 0
+    for batch in (1, 8, 40):
+        spelled = record_events(desc, batch, steps=4, method="model", **update)
+        spelled_trace = AllocTrace("spelled", np.array([e[0] for e in spelled], dtype=np.int8),
+                                   np.array([e[1] for e in spelled]), np.array([float(e[2]) for e in spelled]),
+                                   np.zeros(len(spelled)), repeat_last=0)
+        for protocol in ("run_peak", "perf4sight", "step_mean"):
+            expected, counts = spelled_trace.with_protocol(protocol).replay(batch), []
+            for grown_from in (lambda *a: met.append(real_grown_from(*a)) or met[-1], lambda *a: False):
+                monkeypatch.setattr(allocator, "_grown_from", grown_from)
+                trace = AllocTrace("found", base.kind, base.tensor, base.const, base.per_sample, protocol=protocol,
+                                   update=base.update)  # a memo of its own
+                ran.clear()
+                assert trace.replay(batch) == expected
+                counts.append(sum(ran))
+            fewer += counts[0] < counts[1]
+    assert True in met and fewer > 0
+
+
+def test_a_large_segment_made_later_is_a_better_fit_only_between_a_request_and_what_it_took():
+    """A large segment a run made, free and whole at the next run's look, is taken by a request before it was made
+    (a repeat's course differs) where it fits the request and is smaller than the block the request found or the
+    segment it made; a segment of any size (not 20 MiB alone) is told so from the run's record of its requests."""
+    from perf4sight.features.allocator import _no_better_fit
+    made_24 = [23 * MIB, -24 * MIB]  # a request of 23 MiB made a segment of 24 MiB
+    assert _no_better_fit(made_24, [24 * MIB])
+    assert _no_better_fit([12 * MIB, 30 * MIB] + made_24, [24 * MIB]) is False  # 12 MiB took 30: 24 fits better
+    assert _no_better_fit([25 * MIB, 30 * MIB] + made_24, [24 * MIB])  # 25 MiB: 24 does not fit
+    assert _no_better_fit([12 * MIB, 24 * MIB] + made_24, [24 * MIB])  # as large as what it found: it loses the tie
+    assert _no_better_fit(made_24 + [12 * MIB, 30 * MIB], [24 * MIB])  # found after the segment was made
+    three_made_20 = [3 * MIB, -20 * MIB]
+    assert _no_better_fit(three_made_20 + [12 * MIB, -12 * MIB], [20 * MIB, 12 * MIB]) is False  # 12 < 20: better
+    assert _no_better_fit([12 * MIB, -12 * MIB] + three_made_20, [20 * MIB, 12 * MIB])
+    assert _no_better_fit(made_24, [20 * MIB]) is False  # the record made other segments
+
+
 def _two_step_trace(protocol: str) -> AllocTrace:
     """Setup 1000 B; step 1 (the warm-up) 16 MiB at batch 8, freed; step 2 4 MiB at batch 8, freed."""
     kind = np.array([ALLOC, STEP, ALLOC, FREE, STEP, ALLOC, FREE], dtype=np.int8)

@@ -216,13 +216,13 @@ class CachingAllocator:
         over) of tensor ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in
         ``live`` (and an ALLOC of 0 takes its tensor out); a FREE returns the block ``live`` holds for its tensor, if
         any; an _ALLOC_FREE does both at once. ``record``: a list to which a request adds its size and minus that of
-        the large segment it made, or the size of the free block it found where that is over 20 MiB and the request
-        is not (one a new 20 MiB segment would fit better: :func:`_no_better_fit`).
+        the large segment it made, or the size of the free block it found where that is larger than the request and
+        over 10 MiB (one that a large segment made later, of at least 10 MiB, could fit better: :func:`_no_better_fit`).
         One loop with its state in locals: the replay's hot path (a few thousand events per training step)."""
         pools, free_blocks = self._pools, self._free
         ptr_, size_, small_, allocated_, prev_, next_ = PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT  # locals: fastest
         alloc_kind, free_kind, small_size, min_block, shift = ALLOC, FREE, K_SMALL_SIZE, K_MIN_BLOCK, _ADDRESS_BITS
-        pair_kind, large_buffer = _ALLOC_FREE, K_LARGE_BUFFER
+        pair_kind, min_segment = _ALLOC_FREE, K_MIN_LARGE_ALLOC
         reserved, allocated = self.reserved, self.allocated
         peak_reserved, peak_allocated = self.peak_reserved, self.peak_allocated
         for kind, tensor, size in zip(kinds, ids, sizes):
@@ -235,7 +235,7 @@ class CachingAllocator:
                 i = bisect_left(pool, size << shift)  # best fit: the smallest, then lowest, free block
                 if i < len(pool):  # its key stays in the pool until the rest's takes its place or it is deleted
                     block = free_blocks.pop(pool[i])
-                    if record is not None and size <= large_buffer < block[size_]:
+                    if record is not None and size < block[size_] > min_segment:
                         record += size, block[size_]
                 else:  # none fits: a new segment
                     i = -1
@@ -305,7 +305,7 @@ class CachingAllocator:
                 i = bisect_left(pool, size << shift)
                 if i < len(pool):
                     held = pool[i] >> shift
-                    if record is not None and size <= large_buffer < held:
+                    if record is not None and size < held > min_segment:
                         record += size, held
                 else:  # the new segment stays, one free block
                     block = self._segment(size, small)
@@ -380,11 +380,22 @@ class _Mark(NamedTuple):
     """A look at the allocator in a run of the last step's events: its snapshot before event ``n * _MARK_EVENTS``
     (None at the first), and the peaks (bytes) of the run's events from there to its end. ``whole``: where the run
     is the last step's and its repeat runs other events up to there but the same from there on
-    (:meth:`AllocTrace._same_from`), the whole state there (:func:`_whole_look`); else None."""
+    (:meth:`AllocTrace._same_from`), the whole state there (:func:`_whole_look`); else None. ``record_at``: with
+    ``whole``, how long the run's record of its requests was there (:class:`_Twin`)."""
     snapshot: tuple | None
     reserved: int
     allocated: int
     whole: tuple | None = None
+    record_at: int = 0
+
+
+class _Twin(NamedTuple):
+    """A run of the last step whose repeat runs other events first (:func:`_marked_run`'s ``whole_from``): its marks,
+    its record of its requests of the large pool (:meth:`CachingAllocator.run`) and the address of the next segment
+    at its end."""
+    marks: list[_Mark]
+    record: list[int]
+    next_ptr: int
 
 
 def _whole_look(alloc: CachingAllocator, live: dict[int, _Block], skip: int) -> tuple:
@@ -426,7 +437,7 @@ def _untouched_prefix(live: dict[int, _Block], touched: set[int]) -> int:
 def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int],
                 live: dict[int, _Block], skip: int = 0, record: list[int] | None = None, whole_from: int | None = None,
                 untouched: Callable[[int, dict], int] | None = None,
-                twin: list[_Mark] | None = None) -> tuple[list[_Mark], tuple[int, int] | None]:
+                twin: _Twin | None = None) -> tuple[list[_Mark], tuple[int, int] | None]:
     """Run events that the next run repeats (the last step's, or a repeat's where the step ran other events), looking
     at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run gives them, from the peaks of each
     stretch between two looks); the looks, for the repeats (:func:`_run_to_mark`), leaving out the first ``skip``
@@ -435,23 +446,28 @@ def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes
     ``whole_from``: a run of the last step whose repeat runs other events up to that event and these from there
     (:meth:`AllocTrace._same_from`): its looks are the whole state (:attr:`_Mark.whole`), at the first
     :data:`_WHOLE_LOOKS` marks from there, none elsewhere, each leaving out the first ``untouched(n, live)`` live
-    tensors at the ``n``-th mark (:meth:`AllocTrace._untouched_at`). ``twin``: the marks of such a run, for a run of the
-    repeat: where the allocator is, at a look, as the step's run left it there, the rest would run as it did, so this
-    run stops, its peaks those of its events so far and of the step's run from there (a DenseNet's first repeat
-    meets its step's course a tenth to a third of the way in). Returns the marks (none where it stopped) and those
-    peaks (None where it ran to the end)."""
+    tensors at the ``n``-th mark (:meth:`AllocTrace._untouched_at`). ``twin``: such a run, for a run of the repeat:
+    where the allocator is, at a look, as the step's run left it there, or so but for the segments that run made from
+    there on, each free and whole (:func:`_grown_by_whole_segments`: this run finds each where that run made it, and
+    makes none), the rest would run as it did, so this run stops, its peaks those of its events so far and of the
+    step's run from there (a DenseNet's first repeat meets its step's course a tenth to a third of the way in; with the
+    step's segments found, an EfficientNet's and a ResNet's at small batches, a MaxViT's at larger ones). Returns the
+    marks (none where it stopped) and those peaks (None where it ran to the end)."""
     stretches = []
     reserved, allocated = alloc.peak_reserved, alloc.peak_allocated  # the run's peaks so far
     for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
         seen = whole = None
         if start:
-            if twin is not None and twin[n].whole is not None and twin[n].whole[0] == _whole_key(alloc):
-                if _whole_look(alloc, live, twin[n].whole[1]) == twin[n].whole:  # it runs the step's course from here
-                    return [], (max(reserved, twin[n].reserved), max(allocated, twin[n].allocated))
+            mark = twin.marks[n] if twin is not None else None
+            if mark is not None and mark.whole is not None and mark.whole[0] == _whole_key(alloc):
+                if _whole_look(alloc, live, mark.whole[1]) == mark.whole:  # it runs the step's course from here
+                    return [], (max(reserved, mark.reserved), max(allocated, mark.allocated))
                 seen = alloc.snapshot(live, skip, tensors=False)
+            elif mark is not None and mark.whole is not None and _grown_from(alloc, live, mark, twin):
+                return [], (max(reserved, mark.reserved), max(allocated, mark.allocated))
             elif whole_from is not None:  # a twin's: no repeat runs its events to the look, none of them needed
                 if whole_from <= start < whole_from + _WHOLE_LOOKS * _MARK_EVENTS:
-                    whole = _whole_look(alloc, live, untouched(n, live))
+                    whole = _whole_look(alloc, live, untouched(n, live)), len(record) if record is not None else 0
             else:
                 seen = alloc.snapshot(live, skip, tensors=False)
         alloc.reset_peaks()  # the run's own reset, at the first
@@ -462,11 +478,24 @@ def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes
     marks, reserved, allocated = [], 0, 0
     for seen, stretch_reserved, stretch_allocated, whole in reversed(stretches):  # the peaks from each look to the end
         reserved, allocated = max(reserved, stretch_reserved), max(allocated, stretch_allocated)
-        marks.append(_Mark(seen, reserved, allocated, whole))
+        marks.append(_Mark(seen, reserved, allocated, *(whole or (None,))))
     marks.reverse()
     if marks:
         alloc.peak_reserved, alloc.peak_allocated = marks[0].reserved, marks[0].allocated
     return marks, None
+
+
+def _grown_from(alloc: CachingAllocator, live: dict[int, _Block], mark: _Mark, twin: _Twin) -> bool:
+    """Whether a run of the repeat, at the look ``mark`` of the step's run ``twin`` (:func:`_marked_run`), finds the
+    allocator as that run did there but for the segments that run made from there on, each free and whole now, and
+    has made none itself: the bytes allocated the same, the bytes reserved those of that run's end, its next segment
+    where that run's end left it, and :func:`_grown_by_whole_segments` of the two looks, with that run's record from
+    the look on. Then it runs the step's course from here: each request that made a segment there finds that segment
+    here, and it ends as the step's run did. Three integers compared before a look is taken."""
+    key, skip, look = mark.whole
+    return (alloc.allocated == key[1] and alloc.reserved == mark.reserved and alloc._next_ptr == twin.next_ptr
+            and _grown_by_whole_segments(look, key[2], alloc.snapshot(live, skip), twin.record[mark.record_at:],
+                                         alloc._free))
 
 
 def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
@@ -530,18 +559,26 @@ _ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
 
 
 def _no_better_fit(record: list[int], sizes: list[int]) -> bool:
-    """Whether no request of a run could have had a better fit in a large segment the run made after it, the segments
-    the run made being of ``sizes`` (bytes), free and whole now, and ``record`` the run's record of its requests
-    (:meth:`CachingAllocator.run`: per request its size, then minus that of the large segment it made, or the size of
-    a block over 20 MiB it found, being of at most 20 MiB). Told where every segment made is of 20 MiB (made for a
-    request under 10 MiB, or of 18 to 20 MiB): then a request had a better fit in a later one where it is of at most
-    20 MiB and found a larger block, or made a larger segment (which no such request does), before the last segment
-    was made; the record must have made as many segments. Elsewhere no."""
-    if any(size != K_LARGE_BUFFER for size in sizes):
-        return False
-    found = record[1::2]
+    """Whether no request of a run could have had a better fit in a large segment the run made after it, the large
+    segments the run made being of ``sizes`` (bytes), free and whole now, and ``record`` the run's record of its
+    requests (:meth:`CachingAllocator.run`: per request its size, then minus that of the large segment it made, or the
+    size of a larger block over 10 MiB it found; no large segment is smaller). A segment made later lies above every
+    block there was, so it is a better fit for a request of ``r`` bytes where it is of ``r`` bytes or more and smaller
+    than the block the request found or the segment it made (of the same size it loses the tie). The record must
+    have made segments of ``sizes``."""
+    requests, found = record[0::2], record[1::2]
     makes = [k for k, size in enumerate(found) if size < 0]
-    return len(makes) == len(sizes) and all(size < 0 for size in found[:makes[-1]])
+    if sorted(-found[k] for k in makes) != sorted(sizes):
+        return False
+    later: list[int] = []  # the sizes of the segments made after the request looked at, sorted
+    for k in range(makes[-1] if makes else -1, -1, -1):  # no segment is made after the last
+        request, size = requests[k], found[k]
+        i = bisect_left(later, request)
+        if i < len(later) and later[i] < abs(size):  # a segment made later fits it, and better
+            return False
+        if size < 0:
+            insort(later, -size)
+    return True
 
 
 def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray,
@@ -743,7 +780,7 @@ class AllocTrace:
         skip = 0  # how many first live tensors the looks leave out: none that the last step or a repeat touches
         marked_from = None  # the allocator before the marked run: its look, the address of its next segment, and the
         # run's requests of the large pool (CachingAllocator.run's record)
-        twin = None  # the marks of the last step's run, where its repeat runs other events first (_Mark.whole)
+        twin = None  # the last step's run, where its repeat runs other events first (_Twin)
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -785,8 +822,10 @@ class AllocTrace:
                     peaks += [met] * (total - n)
                     break
             elif n == steps and n + 1 < total and self._same_from() is not None:  # a repeat that runs other events
-                twin = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, whole_from=self._same_from(),
-                                   untouched=self._untouched_at)[0]
+                record: list[int] = []
+                twin = _Twin(_marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, record,
+                                         whole_from=self._same_from(), untouched=self._untouched_at)[0],
+                             record, alloc._next_ptr)
             else:
                 alloc.run(run_kinds, run_ids, run_sizes, live)
             if n > 0:
