@@ -668,6 +668,31 @@ def test_a_repeat_that_finds_the_segments_its_step_made_from_a_look_on_stops_the
     assert True in met and fewer > 0
 
 
+def test_the_last_step_runs_without_looks_where_its_repeat_is_expected_to_find_the_allocator_as_it_was(monkeypatch):
+    """Where the first repeat of the last step finds the allocator as the step's run found it (every repeat the same),
+    that run's looks go unused: under perf4sight's protocol (the cache emptied before every step) the run takes none,
+    until a repeat does not find it so. Where that guess is wrong (forced here), the repeat runs with the looks
+    instead: every protocol's figures are those of every event run one by one either way."""
+    from perf4sight.features import allocator
+    from perf4sight.networks.zoo import describe_zoo
+    marked = []
+    real_marked_run = allocator._marked_run
+    monkeypatch.setattr(allocator, "_marked_run", lambda *a, **k: marked.append(1) or real_marked_run(*a, **k))
+    base = simulate(describe_zoo("resnet18", [3, 32, 32], num_classes=10), method="model")
+    for protocol in ("perf4sight", "run_peak", "step_mean"):
+        trace = AllocTrace("looks", base.kind, base.tensor, base.const, base.per_sample, protocol=protocol)
+        for batch in (1, 6, 40):
+            expected = _replayed_event_by_event(trace, batch)
+            for guess in (True, False):
+                trace._memo.clear()
+                trace._returns = guess
+                marked.clear()
+                assert trace.replay(batch) == expected
+                assert guess or marked  # no guess: the step's run takes looks
+                if protocol == "perf4sight":
+                    assert (marked == []) == guess and trace._returns == guess  # a guess made held
+
+
 def test_a_large_segment_made_later_is_a_better_fit_only_between_a_request_and_what_it_took():
     """A large segment a run made, free and whole at the next run's look, is taken by a request before it was made
     (a repeat's course differs) where it fits the request and is smaller than the block the request found or the

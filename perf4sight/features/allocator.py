@@ -683,6 +683,10 @@ class AllocTrace:
     _same: int | None = field(default=None, repr=False, init=False)
     #: per look of a run of the last step, how many first live tensors it may leave out (:meth:`_untouched_at`)
     _untouched: dict[int, int] = field(default_factory=dict, repr=False, init=False)
+    #: whether the first repeat of the last step is expected to find the allocator as the step's run found it (its
+    #: repeats then run no event, and looks in that run would go unused: :meth:`_step_peaks` takes none): where the
+    #: cache is emptied before every step, until a replay's repeat does not
+    _returns: bool = field(default=False, repr=False, init=False)
     #: per event, how many events name its tensor (:meth:`_names`)
     _named: np.ndarray | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
@@ -693,6 +697,7 @@ class AllocTrace:
         if self.protocol not in REPLAY_PROTOCOLS:
             raise ValueError(f"AllocTrace: protocol must be one of {', '.join(REPLAY_PROTOCOLS)}, "
                              f"not {self.protocol!r}")
+        self._returns = self.protocol == PERF4SIGHT
 
     @property
     def optimizer(self) -> str:
@@ -791,6 +796,8 @@ class AllocTrace:
                 if n == steps:
                     skip = _untouched_prefix(live, self._last_step_tensors())
                 state = alloc.snapshot(live, skip)
+                if n == steps + 1 and state != before:  # a guess that did not hold (:attr:`_returns`)
+                    self._returns = False
                 if state == before:  # the step left the allocator as it found it: every repeat is the same
                     peaks += [peaks[-1]] * (total - n)
                     break
@@ -815,7 +822,9 @@ class AllocTrace:
                     if met is not None:  # it ends as the marked run did: so does every later one
                         peaks += [met] * (total - n)
                         break
-            elif events is repeat and n + 1 < total:  # the next run repeats these events
+            elif events is repeat and n + 1 < total and (n > steps or not self._returns):  # the next run repeats
+                # these events (where the last step's run is expected to leave the allocator as it found it, no
+                # looks: its repeat runs none of its events; else that repeat runs marked)
                 marked_from = state, alloc._next_ptr, []
                 marks, met = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, marked_from[2], twin=twin)
                 if met is not None:  # it ran the last step's course from a look on: it ends as that run did
