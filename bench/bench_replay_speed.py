@@ -58,12 +58,11 @@ def _fingerprint_rules(fingerprint: Path | None, protocol: str) -> tuple[dict, s
     ``alloc_trace.attach_simulation`` gives them); without one, none and ``protocol``."""
     if fingerprint is None:
         return {}, protocol
-    from perf4sight.features.alloc_trace import _traced_blas, _traced_loss
+    from perf4sight.features.alloc_trace import _traced_rules
     from perf4sight.fingerprint.predict import load_fingerprint
     fp = load_fingerprint(fingerprint)
     rt = fp.runtime
-    return ({"relu6_clone": rt.relu6_clone, **rt.traced_update(), **_traced_loss(rt), **_traced_blas(rt)},
-            fp.memory_replay)
+    return {"relu6_clone": rt.relu6_clone, **rt.traced_update(), **_traced_rules(rt)}, fp.memory_replay
 
 
 def measure(networks: list[str], rounds: int = 7, side: int = 224, protocol: str = "run_peak",

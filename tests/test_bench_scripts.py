@@ -75,3 +75,22 @@ def test_replay_speed_against_a_base_tree_runs_each_side_with_its_own_modules(tm
     assert len(seen) == 6 and set(seen) == {"base base", "this this"}
     assert (sys.modules["perf4sight"], sys.modules["perf4sight.errors"]) == mine
     assert str(tmp_path) not in " ".join(sys.path)
+
+
+def test_replay_speed_takes_a_fingerprints_step_rules_as_its_predictions_do(monkeypatch):
+    """``bench_replay_speed --fingerprint DIR`` traces each network under the fingerprint's step rules: the
+    keywords ``attach_simulation`` gives ``simulate`` (the update, the loss and cuBLAS's workspaces where they are not
+    the defaults) and the fingerprint's replay protocol. It imported two helpers ``alloc_trace`` no longer has."""
+    from types import SimpleNamespace
+
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.fingerprint import predict
+
+    bench = load_bench("bench_replay_speed")
+    runtime = StepRuntime(foreach=True, grads_to_none=True, loss="mse", blas_workspace=(8 << 20, 32 << 20))
+    monkeypatch.setattr(predict, "load_fingerprint", lambda folder: SimpleNamespace(runtime=runtime,
+                                                                                    memory_replay="run_peak"))
+    rules, protocol = bench._fingerprint_rules("h200", "perf4sight")
+    assert protocol == "run_peak" and rules["set_to_none"] and rules["loss"] == "mse"
+    assert rules["blas_workspace"] == (8 << 20, 32 << 20) and rules["relu6_clone"] == runtime.relu6_clone
+    assert bench._fingerprint_rules(None, "perf4sight") == ({}, "perf4sight")
