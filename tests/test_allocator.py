@@ -693,6 +693,33 @@ def test_the_last_step_runs_without_looks_where_its_repeat_is_expected_to_find_t
                     assert (marked == []) == guess and trace._returns == guess  # a guess made held
 
 
+def test_a_repeat_that_finds_the_marked_runs_state_but_for_segments_made_later_stops_at_that_look(monkeypatch):
+    """A repeat that does not find the allocator as the marked run found it (that run made a 30 MiB segment that a
+    12 MiB request before it would take) may find it, at a look (every 2 events here), as that run left it there but
+    for the segments it made later, free and whole, which no later request would take before they were made: the rest
+    runs as the marked run did, each segment found where it was made, so it stops there. Every protocol's figures are
+    those of every event run one by one; under run_peak and step_mean the repeat stops after its first two events."""
+    from perf4sight.features import allocator
+    monkeypatch.setattr(allocator, "_MARK_EVENTS", 2)
+    ran = []
+    real_run = CachingAllocator.run
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
+        self, kinds, *a))
+    # step 1 leaves a free 40 MiB segment; the last step: 12 MiB taken and freed, then 32 MiB from the 40 and 30 MiB in
+    # a segment of its own (a repeat finds it for the 12 MiB, then again for the 30)
+    events = [(ALLOC, 1, 4096), (STEP, 0, 0), (ALLOC, 2, 40 * MIB), (FREE, 2, 0), (STEP, 0, 0), (ALLOC, 3, 12 * MIB),
+              (FREE, 3, 0), (ALLOC, 4, 32 * MIB), (ALLOC, 5, 30 * MIB), (FREE, 4, 0), (FREE, 5, 0)]
+    kind, tensor, const = (np.array(column) for column in zip(*events))
+    for protocol in ("run_peak", "step_mean", "perf4sight"):
+        trace = AllocTrace("later", kind.astype(np.int8), tensor, const.astype(float), np.zeros(len(kind)),
+                           protocol=protocol)
+        expected = _replayed_event_by_event(trace, 1)
+        ran.clear()
+        assert trace.replay(1) == expected
+        if protocol != "perf4sight":  # setup 1, step 1 2 (a pair), the last step 5 (two pairs), the repeat 2
+            assert ran == [1, 2, 2, 2, 1, 2]
+
+
 def test_a_large_segment_made_later_is_a_better_fit_only_between_a_request_and_what_it_took():
     """A large segment a run made, free and whole at the next run's look, is taken by a request before it was made
     (a repeat's course differs) where it fits the request and is smaller than the block the request found or the

@@ -380,13 +380,15 @@ class _Mark(NamedTuple):
     """A look at the allocator in a run of the last step's events: its snapshot before event ``n * _MARK_EVENTS``
     (None at the first), and the peaks (bytes) of the run's events from there to its end. ``whole``: where the run
     is the last step's and its repeat runs other events up to there but the same from there on
-    (:meth:`AllocTrace._same_from`), the whole state there (:func:`_whole_look`); else None. ``record_at``: with
-    ``whole``, how long the run's record of its requests was there (:class:`_Twin`)."""
+    (:meth:`AllocTrace._same_from`), the whole state there (:func:`_whole_look`); else None. ``record_at``: how long
+    the run's record of its requests was there (0 without one), ``next_ptr``: the address of the next segment there
+    (:func:`_grown_from`, :func:`_run_to_mark`)."""
     snapshot: tuple | None
     reserved: int
     allocated: int
     whole: tuple | None = None
     record_at: int = 0
+    next_ptr: int = 0
 
 
 class _Twin(NamedTuple):
@@ -467,18 +469,19 @@ def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes
                 return [], (max(reserved, mark.reserved), max(allocated, mark.allocated))
             elif whole_from is not None:  # a twin's: no repeat runs its events to the look, none of them needed
                 if whole_from <= start < whole_from + _WHOLE_LOOKS * _MARK_EVENTS:
-                    whole = _whole_look(alloc, live, untouched(n, live)), len(record) if record is not None else 0
+                    whole = _whole_look(alloc, live, untouched(n, live))
             else:
                 seen = alloc.snapshot(live, skip, tensors=False)
+        at, next_ptr = len(record) if record is not None else 0, alloc._next_ptr
         alloc.reset_peaks()  # the run's own reset, at the first
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live, record)
         reserved, allocated = max(reserved, alloc.peak_reserved), max(allocated, alloc.peak_allocated)
-        stretches.append((seen, alloc.peak_reserved, alloc.peak_allocated, whole))
+        stretches.append((seen, alloc.peak_reserved, alloc.peak_allocated, whole, at, next_ptr))
     marks, reserved, allocated = [], 0, 0
-    for seen, stretch_reserved, stretch_allocated, whole in reversed(stretches):  # the peaks from each look to the end
-        reserved, allocated = max(reserved, stretch_reserved), max(allocated, stretch_allocated)
-        marks.append(_Mark(seen, reserved, allocated, *(whole or (None,))))
+    for seen, stretch_reserved, stretch_allocated, whole, at, next_ptr in reversed(stretches):  # the peaks from each
+        reserved, allocated = max(reserved, stretch_reserved), max(allocated, stretch_allocated)  # look to the end
+        marks.append(_Mark(seen, reserved, allocated, whole, at, next_ptr))
     marks.reverse()
     if marks:
         alloc.peak_reserved, alloc.peak_allocated = marks[0].reserved, marks[0].allocated
@@ -494,20 +497,28 @@ def _grown_from(alloc: CachingAllocator, live: dict[int, _Block], mark: _Mark, t
     here, and it ends as the step's run did. Three integers compared before a look is taken."""
     key, skip, look = mark.whole
     return (alloc.allocated == key[1] and alloc.reserved == mark.reserved and alloc._next_ptr == twin.next_ptr
-            and _grown_by_whole_segments(look, key[2], alloc.snapshot(live, skip), twin.record[mark.record_at:],
+            and _grown_by_whole_segments(look, mark.next_ptr, alloc.snapshot(live, skip), twin.record[mark.record_at:],
                                          alloc._free))
 
 
 def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
-                 marks: list[_Mark], skip: int = 0) -> tuple[int, int] | None:
+                 marks: list[_Mark], skip: int = 0, record: list[int] | None = None,
+                 next_ptr: int = -1) -> tuple[int, int] | None:
     """Run a repeat of the events :func:`_marked_run` ran until the allocator is, at a look, as that run left it
-    there: the rest would run as it did, so the repeat's peaks (bytes) are those of its events so far and of the
-    run's from there, given at once (a MaxViT's repeat meets its step's run a third of the way in). None: it ran to
-    the end (its peaks in ``alloc``). ``skip``: as the marked run's looks left out. The repeat begins with the live
-    tensors the marked run began with (the caller checks): the looks leave them out, as the marked run's did."""
+    there, or so but for the segments that run made from there on, each free and whole, this run having made none
+    (``record``: that run's record of its requests, ``next_ptr``: the address of its next segment at its end; as
+    :func:`_grown_from`): the rest would run as it did, so the repeat's peaks (bytes) are those of its events so far
+    and of the run's from there, given at once (a MaxViT's repeat meets its step's run a third of the way in). None: it
+    ran to the end (its peaks in ``alloc``). ``skip``: as the marked run's looks left out. The repeat begins with the
+    live tensors the marked run began with (the caller checks): the looks leave them out, as the marked run's did."""
     for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
-        if n and alloc.snapshot(live, skip, tensors=False) == marks[n].snapshot:
-            return max(alloc.peak_reserved, marks[n].reserved), max(alloc.peak_allocated, marks[n].allocated)
+        if n:
+            mark, look = marks[n], alloc.snapshot(live, skip, tensors=False)
+            if look == mark.snapshot or (
+                    record is not None and alloc.allocated == mark.snapshot[1] and alloc.reserved == mark.reserved
+                    and alloc._next_ptr == next_ptr and _grown_by_whole_segments(
+                        mark.snapshot, mark.next_ptr, look, record[mark.record_at:], alloc._free)):
+                return max(alloc.peak_reserved, mark.reserved), max(alloc.peak_allocated, mark.allocated)
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live)
     return None
@@ -786,6 +797,7 @@ class AllocTrace:
         marked_from = None  # the allocator before the marked run: its look, the address of its next segment, and the
         # run's requests of the large pool (CachingAllocator.run's record)
         twin = None  # the last step's run, where its repeat runs other events first (_Twin)
+        marked_end = (None, -1)  # the marked run's record and the address of its next segment at its end
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -818,7 +830,7 @@ class AllocTrace:
                 if state[4] != marked_from[0][4]:  # other live tensors than the marked run began with: no looks
                     alloc.run(run_kinds, run_ids, run_sizes, live)
                 else:
-                    met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks, skip)
+                    met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks, skip, *marked_end)
                     if met is not None:  # it ends as the marked run did: so does every later one
                         peaks += [met] * (total - n)
                         break
@@ -827,6 +839,7 @@ class AllocTrace:
                 # looks: its repeat runs none of its events; else that repeat runs marked)
                 marked_from = state, alloc._next_ptr, []
                 marks, met = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, marked_from[2], twin=twin)
+                marked_end = marked_from[2], alloc._next_ptr
                 if met is not None:  # it ran the last step's course from a look on: it ends as that run did
                     peaks += [met] * (total - n)
                     break
