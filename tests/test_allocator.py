@@ -76,6 +76,9 @@ def test_empty_cache_returns_only_wholly_free_segments():
     a.free(gone)
     a.empty_cache()
     assert a.reserved == 2 * MIB + 20 * MIB and a.peak_reserved == 34 * MIB   # peaks keep their values
+    large, small = a._pools  # the free blocks left: the rest of each segment in use, in its pool
+    assert [key >> 48 for key in large] == [17 * MIB] and [key >> 48 for key in small] == [2 * MIB - 1024]
+    assert set(large) | set(small) == set(a._free)
     a.free(part)
     a.empty_cache()
     assert a.reserved == 2 * MIB and a.allocated == kept.size

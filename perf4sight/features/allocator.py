@@ -147,11 +147,16 @@ class CachingAllocator:
         self.peak_reserved, self.peak_allocated = self.reserved, self.allocated
 
     def empty_cache(self) -> None:
-        """``torch.cuda.empty_cache``: return every segment that is one free block (the peaks keep their values)."""
+        """``torch.cuda.empty_cache``: return every segment that is one free block (the peaks keep their values). Each
+        pool is filtered once (a TX2 step's replay returns a few hundred segments: one deletion from the sorted keys
+        each took three times as long)."""
+        free = self._free
         for pool in self._pools:
-            for key in [k for k in pool if self._free[k][PREV] is None and self._free[k][NEXT] is None]:
-                self.reserved -= self._free[key][SIZE]
-                self._remove(self._free[key])
+            whole = [key for key in pool if free[key][PREV] is None and free[key][NEXT] is None]
+            if whole:
+                for key in whole:
+                    self.reserved -= free.pop(key)[SIZE]
+                pool[:] = [key for key in pool if key in free]  # keys are unique across the pools (addresses are)
 
     def snapshot(self, live: dict[int, _Block], skip: int = 0, tensors: bool = True) -> tuple:
         """Everything the next requests depend on, made in a few C loops for a look every few hundred events
@@ -189,12 +194,6 @@ class CachingAllocator:
         out._next_ptr, out.reserved, out.allocated = self._next_ptr, self.reserved, self.allocated
         out.peak_reserved, out.peak_allocated = self.peak_reserved, self.peak_allocated
         return out
-
-    def _remove(self, b: _Block) -> None:
-        key = b[SIZE] << _ADDRESS_BITS | b[PTR]
-        pool = self._pools[b[SMALL]]
-        del pool[bisect_left(pool, key)]
-        del self._free[key]
 
     def malloc(self, nbytes: int) -> BlockHandle | None:
         """Allocate ``nbytes`` (0 bytes -> no block, as in PyTorch)."""
