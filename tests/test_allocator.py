@@ -1962,6 +1962,27 @@ def test_a_repeated_group_attention_is_its_first_one_renamed(monkeypatch):
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))
 
 
+@pytest.mark.parametrize("op, build", [
+    ("window_attention", lambda: __import__("torchvision").models.swin_transformer.SwinTransformer(
+        [4, 4], 16, [4, 2], [2, 4], [4, 4], num_classes=10)),
+    ("attention", lambda: __import__("torchvision").models.vision_transformer.VisionTransformer(
+        32, 8, 3, 2, 16, 32, num_classes=10))])
+def test_a_repeated_swin_or_vit_attention_is_its_first_one_renamed(monkeypatch, op, build):
+    """A Swin's window attentions and a ViT's attentions of one stage run the handler once; the later ones repeat it
+    renamed: every event of the step, its gradients and parameters as the handler run at each gives them."""
+    from perf4sight.features import alloc_model
+    from perf4sight.ir.from_torch import describe
+    desc = describe(build(), [3, 32, 32], f"small_{op}")
+    handler, calls = alloc_model._HANDLERS[op], []
+    monkeypatch.setitem(alloc_model._HANDLERS, op, lambda ctx: calls.append(ctx.node.name) or handler(ctx))
+    repeated = _step_written_down(desc, 2)
+    once = len(calls)
+    calls.clear()
+    monkeypatch.setattr(alloc_model, "_REPEATED", set())
+    assert _step_written_down(desc, 2) == repeated
+    assert once < len(calls)
+
+
 @pytest.mark.parametrize("extra", ["a hold on a parameter", "a parameter freed"])
 def test_a_group_attention_that_touches_what_it_did_not_make_is_not_repeated(monkeypatch, extra):
     """Where the handler's first run touched a storage made before it other than its input's (a hold on it, an event
