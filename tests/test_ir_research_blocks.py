@@ -1609,76 +1609,117 @@ def test_a_frozen_weight_norm_parameter_stays_frozen_where_the_hook_stands_for_t
     assert [n for n, p in old.named_parameters() if not p.requires_grad] == [f"{node}.weight_g"]
 
 
-class _PartlyWeightNormed(nn.Module):
-    """Two plain convolutions, one of weight_norm's parametrization (or ``how``), a plain classifier."""
+_NORMS = {"weight_norm parametrization": parametrizations.weight_norm, "weight_norm hook": torch.nn.utils.weight_norm,
+          "spectral_norm parametrization": parametrizations.spectral_norm,
+          "spectral_norm hook": torch.nn.utils.spectral_norm}
+
+
+class _AllNormed(nn.Module):
+    """A discriminator's or WaveNet's kind of network, every layer of ``how``: convolutions, a stride, a depthwise one
+    in a residual block, a dilated nn.Conv1d over the map's pixels, two linears."""
 
     def __init__(self, how=parametrizations.weight_norm) -> None:
         super().__init__()
-        self.stem, self.mid = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
-        self.wn, self.fc = how(nn.Conv2d(16, 16, 3, padding=1)), nn.Linear(16 * 8 * 8, 10)
+        self.c1, self.c2 = how(nn.Conv2d(3, 16, 3, padding=1)), how(nn.Conv2d(16, 32, 3, padding=1, stride=2))
+        self.dw, self.c3 = how(nn.Conv2d(32, 32, 3, padding=1, groups=32)), how(nn.Conv2d(32, 32, 1))
+        self.t = how(nn.Conv1d(32, 32, 3, padding=2, dilation=2))
+        self.fc, self.out = how(nn.Linear(32, 24)), how(nn.Linear(24, 10))
 
     def forward(self, x):
-        return self.fc(self.wn(self.mid(self.stem(x).relu()).relu()).flatten(1))
+        x = self.c2(self.c1(x).relu()).relu()
+        x = x + self.c3(self.dw(x).relu())
+        return self.out(self.fc(self.t(x.flatten(2)).relu().mean(2)).relu())
 
 
-def test_pruning_keeps_a_weight_normed_layers_channels_and_says_so():
-    """torch-pruning cuts the channels of the plain layers alone, a weight_norm layer's (its g and v) kept whole: the
-    pruned network trains; a level beyond what that leaves is refused saying so, where it said only 'it reaches
-    15.7% at most'."""
-    from test_networks import _train_step
-
-    from perf4sight.networks.build import Source, prune_source
-    from perf4sight.networks.pruning import UnreachableLevel
-
-    source = Source("net", "test", _PartlyWeightNormed)
-    (desc,) = prune_source(source, SHAPE, [12], "l1-norm", 2, seed=0)
-    assert [(n.attrs["in_channels"], n.attrs["out_channels"], n.attrs.get("weight_norm")) for n in desc.nodes
-            if n.op == "conv2d"] == [(3, 5, None), (5, 16, None), (16, 16, "parametrization")]
-    _train_step(desc)
-    with pytest.raises(UnreachableLevel, match=r"it reaches 15.7% at most; the channels of its weight_norm layers "
-                                               r"\('wn'\) are kept whole: torch-pruning cuts no weight_norm's g and v"):
-        prune_source(source, SHAPE, [30], "l1-norm", 2, seed=0)
-
-
-def _normed_in_between(how) -> nn.Sequential:
-    """Plain convolutions around a ``how`` one, a ``how`` linear between the pooled map and a plain classifier."""
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                         how(nn.Conv2d(16, 24, 3, padding=1)), nn.ReLU(), nn.Conv2d(24, 32, 3, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), how(nn.Linear(32, 20)), nn.ReLU(), nn.Linear(20, 10))
+def _trains(model: nn.Module) -> None:
+    """Two SGD steps of ``model`` on 8x8 images: a finite loss, every parameter moved."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        loss = F.cross_entropy(model(torch.randn(4, *SHAPE)), torch.randint(0, 10, (4,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
-@pytest.mark.parametrize("how", [torch.nn.utils.weight_norm, torch.nn.utils.spectral_norm])
-def test_pruning_keeps_a_hook_normed_linears_channels(how):
-    """torch-pruning cut a linear of weight_norm's or spectral_norm's hook (the weight the hook last computed, a plain
-    tensor on the layer, made a parameter of the cut shape, and the bias; not g and v, nor the original, u and v): the
-    networks stage then failed at every level above 0 (the hook could not assign the weight). Its groups are left
-    whole now, as the parametrization's are: the plain layers prune and the network trains."""
+@pytest.mark.parametrize("how", list(_NORMS.values()), ids=list(_NORMS))
+def test_pruning_cuts_weight_normed_and_spectral_normed_layers(how):
+    """A network of weight_norm or spectral_norm layers alone (either form) prunes: their g and v (or the original
+    weight, u and v) are cut with the channels (it reached 0.0% at most, every group left whole: torch-pruning cut
+    the hook's computed weight, not g and v). At 30 and 60% the networks stage's description is the traced one of the
+    pruned module, its parameters the module's, and the module trains, as does the description rebuilt."""
     from test_networks import _train_step
 
     from perf4sight.networks.build import Source, prune_source
+    from perf4sight.networks.pruning import PruningPlan, count_parameters
 
-    (desc,) = prune_source(Source("net", "test", lambda: _normed_in_between(how)), SHAPE, [8], "l1-norm", 2, seed=0)
-    assert [(n.op, n.attrs.get("in_channels", n.attrs.get("in_features")),
-             n.attrs.get("out_channels", n.attrs.get("out_features"))) for n in desc.nodes
-            if n.op in ("conv2d", "linear")] == [("conv2d", 3, 9), ("conv2d", 9, 16), ("conv2d", 16, 24),
-                                                 ("conv2d", 24, 32), ("linear", 32, 20), ("linear", 20, 10)]
-    assert desc.extra["pruning_unpruned_groups"]["a weight_norm or spectral_norm layer's channels"] >= 1
-    _train_step(desc)
+    torch.manual_seed(0)
+    net = _AllNormed(how)
+    net(torch.randn(2, *SHAPE))  # the hook form's computed weight, as a trained network holds it
+    plan = PruningPlan(net, SHAPE, "l1-norm", 2, network="net")
+    descs = prune_source(Source("net", "test", lambda: _AllNormed(how)), SHAPE, [30, 60], "l1-norm", 2, seed=0,
+                         plan=plan)
+    assert [abs(d.pruning_level - target) < 1 for d, target in zip(descs, (30, 60))] == [True, True]
+    assert "pruning_unpruned_groups" not in descs[0].extra
+    for desc in descs:
+        pruned = plan.prune(desc.extra["target_level"]).module
+        assert desc.params == count_parameters(pruned) < count_parameters(net)
+        traced = describe(pruned, SHAPE, name=desc.name)
+        assert [n.to_dict() for n in traced.nodes] == [n.to_dict() for n in desc.nodes]
+        _trains(pruned)
+    _train_step(descs[1])
 
 
-@pytest.mark.parametrize("how", [parametrizations.spectral_norm, torch.nn.utils.spectral_norm])
-def test_pruning_keeps_a_spectral_normed_layers_channels_and_says_so(how):
-    """As weight_norm's: torch-pruning cuts no channel of a spectral_norm layer (either form), and a level beyond what
-    the plain layers give is refused naming it, where it said only 'it reaches 15.7% at most'."""
-    from perf4sight.networks.build import Source, prune_source
-    from perf4sight.networks.pruning import UnreachableLevel
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("how", list(_NORMS.values()), ids=list(_NORMS))
+def test_a_normed_layers_cut_keeps_what_torch_trains(how):
+    """The cut keeps the kept channels' g and v (the original weight) as they were: an output channel cut leaves the
+    kept outputs' weight as it was; an input channel cut takes v's (the original's) columns. spectral_norm's u and v
+    are the kept entries, unit vectors again."""
+    from perf4sight.networks import prune_plan as pp
 
-    source = Source("net", "test", lambda: _PartlyWeightNormed(how))
-    with pytest.raises(UnreachableLevel, match=r"it reaches 15.7% at most; the channels of its spectral_norm layers "
-                                               r"\('wn'\) are kept whole: torch-pruning cuts no spectral_norm's "
-                                               r"weight and vectors u and v\)"):
-        prune_source(source, SHAPE, [30], "l1-norm", 2, seed=0)
+    torch.manual_seed(0)
+    net = nn.Sequential(how(nn.Conv2d(3, 6, 3)), nn.ReLU(), how(nn.Conv2d(6, 4, 3)))
+    net(torch.randn(1, *SHAPE))
+    a, b = pp._normed_tensors(net[0]), pp._normed_tensors(net[2])
+    before = [getattr(h, n).detach().clone() for h, n, *_ in a + b]
+    cut = pp.cut(net, {("0", pp.prune_out_channels_normed): {1, 4}, ("2", pp.prune_in_channels_normed): {1, 4}})
+    keep = torch.tensor([0, 2, 3, 5])
+    (first, second) = cut[0], cut[2]
+    assert (first.out_channels, second.in_channels, first.bias.shape[0]) == (4, 4, 4)
+    tensors = pp._normed_tensors(first) + pp._normed_tensors(second)
+    for i, ((h, n, out_dim, in_how), old) in enumerate(zip(tensors, before)):
+        t, mine = getattr(h, n), i < len(a)  # the first layer's (its outputs cut), else the second's (its inputs)
+        if mine and out_dim == 0:
+            expected = old[keep]
+        elif not mine and in_how == "dim1":
+            expected = old[:, keep]
+        elif not mine and in_how == "flat":  # v of [in * kh * kw]: each kept input's nine entries
+            expected = old.reshape(6, 9)[keep].reshape(-1)
+        else:
+            expected = old
+        if isinstance(t, nn.Parameter):
+            assert torch.equal(t.detach(), expected), n
+        else:  # spectral_norm's u or v: the kept entries, normalised
+            assert torch.allclose(t, F.normalize(expected, dim=0)), n
+    assert cut(torch.randn(1, *SHAPE)).shape[1] == 4
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("how", [torch.nn.utils.weight_norm, parametrizations.spectral_norm])
+def test_pruning_keeps_a_grouped_normed_convolutions_channels_and_says_so(how):
+    """A grouped (not depthwise) convolution of weight_norm or spectral_norm is left whole, counted by its reason
+    (its uniform cut per group is not written): the channels it reads and makes; the last plain conv prunes."""
+    from perf4sight.networks.pruning import PruningPlan
+
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), how(nn.Conv2d(16, 16, 3, padding=1, groups=4)),
+                        nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.Flatten(), nn.Linear(16 * 64, 10))
+    plan = PruningPlan(net, SHAPE, "l1-norm", 2, network="net")
+    assert plan.extra["pruning_unpruned_groups"] == {"a grouped weight_norm or spectral_norm convolution's channels": 2}
+    assert [g.root for g in plan.groups] == ["4"]
 
 
 class _TemporalBlock(nn.Module):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import signal
 import threading
 import warnings
@@ -459,6 +460,117 @@ def _instance_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Modu
                 d.handler = prune_out_channels_with_running_stats
 
 
+def _normed_tensors(layer: nn.Module) -> list[tuple[nn.Module, str, int | None, str | None]] | None:
+    """The tensors of a layer of weight_norm or spectral_norm over dim 0 (either form: ``torch_modules``'s
+    ``weight_norm_form``, ``spectral_norm_form``) that hold its channels, as (holder, attribute, the dimension of the
+    output channels, how the input channels lie: ``"dim1"`` the weight's dimension 1, ``"flat"`` spectral_norm's v, the
+    weight's dimensions 1 on flattened); None for another layer."""
+    from perf4sight.ir.torch_modules import spectral_norm_form, weight_norm_form
+
+    if weight_norm_form(layer) == "parametrization":
+        chain = layer.parametrizations.weight
+        return [(chain, "original0", 0, None), (chain, "original1", 0, "dim1")]
+    if weight_norm_form(layer) == "hook":
+        return [(layer, "weight_g", 0, None), (layer, "weight_v", 0, "dim1")]
+    form = (spectral_norm_form(layer) or {}).get("spectral_norm")
+    if form == "parametrization":
+        chain = layer.parametrizations.weight
+        return [(chain, "original", 0, "dim1"), (chain[0], "_u", 0, None), (chain[0], "_v", None, "flat")]
+    if form == "hook":
+        return [(layer, "weight_orig", 0, "dim1"), (layer, "weight_u", 0, None), (layer, "weight_v", None, "flat")]
+    return None
+
+
+def _normed_cut(layer: nn.Module, idxs: list[int], side: str) -> nn.Module:
+    """``layer`` (of weight_norm or spectral_norm, :func:`_normed_tensors`) without its channels ``idxs`` on ``side``
+    (``"out"``, ``"in"``, or ``"both"``: a depthwise convolution's), as torch would hold the pruned layer: weight_norm's
+    g and v (or the hook's weight_g, weight_v) cut along dim 0 with the outputs and v along dim 1 with the inputs;
+    spectral_norm's original weight likewise, its power iteration's u cut with the outputs and v with the inputs (v
+    holds the weight's dimensions 1 on flattened: each input channel's kernel entries), both normalised again (the
+    pruned layer's iteration goes on from the kept singular vectors' entries). The layer's channel counts and bias
+    follow; a hook's weight it last computed is computed again of the cut tensors."""
+    gone = set(idxs)
+    device = next(t for _, t in layer.named_parameters()).device
+    kk = math.prod(getattr(layer, "kernel_size", (1,)))
+    out_n = int(getattr(layer, "out_channels", getattr(layer, "out_features", 0)))
+    in_n = int(getattr(layer, "in_channels", getattr(layer, "in_features", 0)))
+    depthwise = side == "both"
+    keep_out = [i for i in range(out_n) if i not in gone] if side in ("out", "both") else list(range(out_n))
+    keep_in = [i for i in range(in_n) if i not in gone] if side == "in" else list(range(in_n))
+    for holder, attr, out_dim, in_how in _normed_tensors(layer) or []:
+        t = getattr(holder, attr)
+        vector = not isinstance(t, nn.Parameter)  # spectral_norm's u or v, a buffer
+        if out_dim is not None and side in ("out", "both"):
+            t = torch.index_select(t.data, out_dim, torch.tensor(keep_out, dtype=torch.long, device=device))
+        if in_how is not None and side == "in":
+            keep = keep_in if in_how == "dim1" else [c * kk + k for c in keep_in for k in range(kk)]
+            t = torch.index_select(t.data, 1 if in_how == "dim1" else 0,
+                                   torch.tensor(keep, dtype=torch.long, device=device))
+        if vector:  # of the power iteration: a unit vector again
+            eps = holder.eps if attr.startswith("_") else _hook_of(layer).eps
+            setattr(holder, attr, nn.functional.normalize(t, dim=0, eps=eps))
+        else:
+            setattr(holder, attr, nn.Parameter(t, getattr(holder, attr).requires_grad))
+    if layer.bias is not None and side in ("out", "both"):
+        index = torch.tensor(keep_out, dtype=torch.long, device=device)
+        layer.bias = nn.Parameter(torch.index_select(layer.bias.data, 0, index), layer.bias.requires_grad)
+    if isinstance(layer, nn.Linear):
+        layer.out_features, layer.in_features = len(keep_out), len(keep_in)
+    else:
+        layer.out_channels, layer.in_channels = len(keep_out), len(keep_out) if depthwise else len(keep_in)
+        if depthwise:
+            layer.groups = len(keep_out)
+    hook = _hook_of(layer)
+    if hook is not None:  # the weight the hook keeps on the layer, of the cut shape (computed again at each forward)
+        with torch.no_grad():
+            w = hook.compute_weight(layer, do_power_iteration=False) if hasattr(hook, "n_power_iterations") \
+                else hook.compute_weight(layer)
+        setattr(layer, hook.name, w.detach())
+    return layer
+
+
+def _hook_of(layer: nn.Module) -> Any:
+    """``layer``'s weight_norm or spectral_norm forward pre-hook, if any."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    return next((h for h in layer._forward_pre_hooks.values() if isinstance(h, (WeightNorm, SpectralNorm))), None)
+
+
+def prune_out_channels_normed(layer: nn.Module, idxs: list[int]) -> nn.Module:
+    """:func:`_normed_cut` of output channels."""
+    return _normed_cut(layer, idxs, "out")
+
+
+def prune_in_channels_normed(layer: nn.Module, idxs: list[int]) -> nn.Module:
+    """:func:`_normed_cut` of input channels."""
+    return _normed_cut(layer, idxs, "in")
+
+
+def prune_out_channels_depthwise_normed(layer: nn.Module, idxs: list[int]) -> nn.Module:
+    """:func:`_normed_cut` of a depthwise convolution's channels (its inputs, outputs and groups at once)."""
+    return _normed_cut(layer, idxs, "both")
+
+
+_NORMED_HANDLERS = (prune_out_channels_normed, prune_in_channels_normed, prune_out_channels_depthwise_normed)
+
+
+def _normed_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) -> None:
+    """Each layer of weight_norm or spectral_norm the groups reach gets its cut (:func:`_normed_cut`) in place of
+    torch-pruning's, which cuts the weight (the hook's, computed; the parametrization's is none) and the bias, not g
+    and v, nor the original weight, u and v."""
+    for g in groups:
+        for d in g.deps:
+            m = modules.get(d.module)
+            if m is None or _normed_tensors(m) is None:
+                continue
+            name = getattr(d.handler, "__name__", "")
+            if isinstance(getattr(d.handler, "__self__", None), tp.pruner.function.DepthwiseConvPruner):
+                d.handler = prune_out_channels_depthwise_normed
+            else:
+                d.handler = prune_out_channels_normed if name.startswith("prune_out") else prune_in_channels_normed
+
+
 class FrozenBatchNormPruner(tp.pruner.function.BasePruningFunc):
     """A frozen batch norm (torchvision's FrozenBatchNorm2d, a detection backbone's; DETR's and others' of that name)
     as torch-pruning's dependency graph needs it, which lacks it (its scale and shift, made of buffers, read as
@@ -564,6 +676,8 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     _rms_norm_cuts(groups, modules)
     _instance_norm_cuts(groups, modules)
     _gain_cuts(groups, modules)
+
+    _normed_cuts(groups, modules)
     return groups, notes
 
 
@@ -708,6 +822,8 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
     ``own``: ``m``'s own trainable parameters, where the caller has them (:func:`_own_trainable`)."""
     own = _own_trainable(m) if own is None else own
     bias = int(getattr(m, "bias", None) is not None and m.bias.requires_grad)
+    if handler in _NORMED_HANDLERS:
+        return _normed_params_after(m, r_out, r_in, bias)
     w = getattr(m, "weight", None)  # frozen alone (its bias trained), or a weight norm's computed weight (counted)
     weight = int(not (isinstance(w, nn.Parameter) and not w.requires_grad))
     if type(m) is nn.Conv2d:
@@ -738,9 +854,29 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
     return None if own else 0
 
 
+def _normed_params_after(m: nn.Module, r_out: int, r_in: int, bias: int) -> int:
+    """Trainable parameters of a layer of weight_norm or spectral_norm (:func:`_normed_tensors`) without ``r_out``
+    output and ``r_in`` input channels (a depthwise convolution's: the more of the two, both sides)."""
+    depthwise = isinstance(m, nn.Conv2d) and m.groups == m.in_channels == m.out_channels and m.groups > 1
+    out_n = int(getattr(m, "out_channels", getattr(m, "out_features", 0)))
+    out_after = out_n - (max(r_out, r_in) if depthwise else r_out)
+    total = bias * out_after
+    for holder, attr, out_dim, in_how in _normed_tensors(m) or []:
+        t = getattr(holder, attr)
+        if not (isinstance(t, nn.Parameter) and t.requires_grad):
+            continue
+        size = t.numel() // t.shape[0] * out_after
+        if in_how == "dim1" and not depthwise:
+            size = size // t.shape[1] * (t.shape[1] - r_in)
+        total += size
+    return total
+
+
 def _own_trainable(m: nn.Module) -> list[nn.Parameter]:
-    """The trainable parameters ``m`` holds itself (not its children's)."""
-    return [p for p in m.parameters(recurse=False) if p.requires_grad]
+    """The trainable parameters ``m`` holds itself (not its children's; a parametrization's originals, g and v or
+    spectral_norm's weight, are the layer's)."""
+    chains = m.parametrizations.parameters() if isinstance(getattr(m, "parametrizations", None), nn.ModuleDict) else ()
+    return [p for p in [*m.parameters(recurse=False), *chains] if p.requires_grad]
 
 
 def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
@@ -780,8 +916,8 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
     handlers = {name: handler for name, handler in seen}  # a layer's cut (an RMS norm's says its dimension)
     if any(_params_after(modules[n], 0, 0, handlers[n]) is None for n in layers):
         return None
-    base = {n: sum(p.numel() for p in modules[n].parameters(recurse=False) if p.requires_grad) for n in layers}
     own = {n: _own_trainable(modules[n]) for n in layers}  # read once: a level's count asks each layer many times
+    base = {n: sum(p.numel() for p in own[n]) for n in layers}
     # a parameter outside any layer: (elements, size of the dimension cut), each cut channel taking its share
     loose = {name: (model.get_parameter(name).numel(), model.get_parameter(name).shape[handler.dim])
              for name, handler in seen if name not in modules}

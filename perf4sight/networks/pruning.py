@@ -28,7 +28,8 @@ the inner channels of each branch and the last 1x1 convolution are pruned; chann
 fixes (a cut would move channels across them, and the cut network's forward would fail); grouped
 convolutions whose channels cannot be removed uniformly per group; the embedding width of an
 attention layer (a ViT's whole token width: its heads would have to shrink alike, and the model
-reshapes by a width attribute of its own), so a ViT's MLPs are pruned. A parameter outside any
+reshapes by a width attribute of its own), so a ViT's MLPs are pruned; a grouped (not depthwise) convolution of
+weight_norm or spectral_norm (other such layers are cut by ``prune_plan._normed_cut``). A parameter outside any
 layer (ConvNeXt's layer scale) is cut with the channels it multiplies. Networks with grouped
 convolutions record ``extra["grouped_conv_pruning"] = "uniform per group"``.
 """
@@ -63,8 +64,6 @@ STRATEGIES: tuple[str, ...] = PRUNING_STRATEGIES
 #: The achieved level should lie within this many percentage points of the target; more than
 #: twice this is a ``UserError``.
 TOLERANCE = 1.0
-#: what torch-pruning leaves uncut of a layer of weight_norm or spectral_norm, as a level's refusal says it
-_NORMED_CUTS = {"weight_norm": "weight_norm's g and v", "spectral_norm": "spectral_norm's weight and vectors u and v"}
 
 
 class Unprunable(UserError):
@@ -439,10 +438,10 @@ class PruningPlan:
                 return "channels a slice, split or unbind takes apart (at bounds of the model's own)"
             if any(_halves_channels(d.target) for d, _ in group):
                 return "channels a GLU halves (a channel and its gate, half the channels apart)"
-            if any(weight_norm_form(d.target.module) or spectral_norm_form(d.target.module) for d, _ in group):
-                # torch-pruning cuts the weight the hook form last computed (a plain tensor on the layer, made a
-                # parameter of the cut shape) and the bias, not g and v (or the original, u and v): the layer fails
-                return "a weight_norm or spectral_norm layer's channels"
+            if any(pp.is_grouped_conv(d.target.module) and (weight_norm_form(d.target.module)
+                                                           or spectral_norm_form(d.target.module)) for d, _ in group):
+                # cut by prune_plan._normed_cut but for a grouped (not depthwise) convolution's uniform cut
+                return "a grouped weight_norm or spectral_norm convolution's channels"
             return ""
         groups, notes = None, None
         if twin is not None:  # the twin's layers bear the names of traced's, which are all the groups hold
@@ -461,10 +460,6 @@ class PruningPlan:
         self._order_groups(groups, traced, strategy, seed, network)
         pp.set_limits(groups, traced, min_channels)
         self._meta = pp.to_meta_keeping_ties(traced)
-        #: layers of a weight_norm (g and v where the weight was) or of a spectral_norm (the weight's original and
-        #: its vectors u and v), by name, and which: torch-pruning cuts none of their channels
-        self.weight_normed = [(n, "weight_norm" if weight_norm_form(m) else "spectral_norm")
-                              for n, m in traced.named_modules() if weight_norm_form(m) or spectral_norm_form(m)]
         uncalled = any(id(m) not in called and any(True for _ in m.parameters(recurse=False))
                        for m in traced.modules())  # weights of a layer never called: perhaps read directly
         self.unused = _unreached_parameters(self._meta, example.to("meta")) if uncalled else 0
@@ -548,11 +543,6 @@ class PruningPlan:
         if abs(achieved - level) > 2 * TOLERANCE:
             if len(candidates) == 1:  # beyond the last step
                 reason, fix = f"it reaches {achieved:.1f}% at most", "lower the level or min_channels"
-                if self.weight_normed:
-                    kinds = sorted({kind for _, kind in self.weight_normed}, reverse=True)
-                    reason += (f"; the channels of its {' and '.join(kinds)} layers ('{self.weight_normed[0][0]}'"
-                               f"{', ...' if len(self.weight_normed) > 1 else ''}) are kept whole: torch-pruning "
-                               f"cuts no {' nor '.join(_NORMED_CUTS[k] for k in kinds)}")
             else:
                 below, above = (self._level(c) for c in candidates)
                 reason = f"its pruning steps go from {below:.1f}% to {above:.1f}% there"
