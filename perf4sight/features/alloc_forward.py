@@ -41,15 +41,20 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     pbytes, _ = _params(n)
     pedges = [None if ctx.first_param + k in ctx.frozen else ("param", ctx.first_param + k)  # frozen: no gradient
               for k in range(len(pbytes))]
+    normed = _weight_normed(ctx, pbytes) if n.attrs.get("weight_norm") else None
+    if normed is not None:  # the weight read is g * v / ||v||, kept by the layer's node; the bias its one parameter
+        pbytes, pedges = [pbytes[-1]] + pbytes[:-2], [("fn", normed[1])] + pedges[:-2]
     if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
         if "standardize_scale" in n.attrs:  # ScaledStdConv2d's gain, its last parameter: read by the batch norm alone
             pbytes, pedges = pbytes[:-1], pedges[:-1]
-        standardised = _standardised_weight(ctx, pbytes[0]) if n.attrs.get("standardize") else None
+        standardised = _standardised_weight(ctx, pbytes[0]) if n.attrs.get("standardize") else normed
         if standardised is not None:  # the weight read is the standardised one, kept: its node the parameter's
             pedges[0] = ("fn", standardised[1])
         sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
         layouts, restride = _convolution_layouts(ctx, len(pbytes))
+        if normed is not None:  # the weight's gradient goes to weight_norm's node, not to a parameter: as it is made
+            restride = [False] * (1 + len(pbytes))
         value = _Value(sid, nbytes, ctx.grad_fn([x.sid] + ([standardised[0]] if standardised else []),
                                                 [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
                                                 layouts=layouts, restride=restride, any_strides=True))
@@ -73,13 +78,16 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         grads = ["aten._fused_rms_norm_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid, rstd], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
+        computed = [normed[0]] if normed is not None else []  # a computed weight, kept by the product (w.t() a view)
+        if computed and len(ctx.in_shapes[0]) != 1:
+            raise NotCovered("a linear of weight_norm over more than a vector a sample")
         if len(ctx.in_shapes[0]) != 1 and not n.attrs["bias"]:
             return _matmul_folded(ctx, pedges, pbytes)
         if len(ctx.in_shapes[0]) != 1:
             return _linear_folded(ctx, pedges, pbytes)
         t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
         # addmm and mm keep x for the weight's gradient alone (none where the weight is frozen: saved-tensor hooks)
-        kept = [x.sid] if t is not None else []
+        kept = ([x.sid] if t is not None else []) + computed
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
             sid = ctx.alloc("addmm.default")
             fin, fout = n.attrs["in_features"], n.attrs["out_features"]  # each edge's shape: the bias's, x's, w.t()'s
@@ -93,6 +101,25 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         edges, sizes, order = [_edge(x), _fn_edge(t)], [x.nbytes, pbytes[0]], [1, 0]
         return _Value(sid, nbytes, ctx.grad_fn(kept, edges, sizes, grads, order))
     raise NotCovered(f"op '{n.op}'")
+
+
+def _weight_normed(ctx: _OpContext, pbytes: list[int]) -> tuple[int, int, list[int]]:
+    """A conv2d's or linear's weight of weight_norm's parametrization (``pbytes``: :func:`_params`' bias, g, v), as
+    torch.nn.utils.parametrizations.weight_norm runs it at each forward: ``_weight_norm_interface(v, g, 0)``, the
+    weight and a norm an output channel, both held by no local after the layer's op (the layer's node keeps the
+    weight, weight_norm's the norms), whose backward (``_weight_norm_interface_backward``) gives v's and g's
+    gradients. (The weight's storage, the node, nothing more to drop: :func:`_standardised_weight`'s form.)"""
+    g, v = pbytes[-2:]
+    g_at = ctx.first_param + len(pbytes) - 2
+    weight = ctx.alloc("_weight_norm_interface.default", v, holders=0)
+    norms = ctx.alloc("_weight_norm_interface.default", g, holders=0)
+    shape = tuple(_weight_shape(ctx.node)) if ctx.node.op == "conv2d" else \
+        (ctx.node.attrs["out_features"], ctx.node.attrs["in_features"])
+    per_channel = (shape[0],) + (1,) * (len(shape) - 1)
+    fn = ctx.grad_fn([norms], [("param", g_at + 1), ("param", g_at)], [v, g],
+                     ["aten._weight_norm_interface_backward.default"] * 2, out_shape=shape,
+                     shapes=[shape, per_channel])
+    return weight, fn, []
 
 
 def _standardised_weight(ctx: _OpContext, nbytes: int) -> tuple[int, int, list[int]]:

@@ -102,6 +102,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   A conv2d's standardised weight (``standardize``) is its spelling's ops before the convolution, each its own
   autograd node (:func:`~perf4sight.features.alloc_forward._standardised_weight`; ``torch.var_mean``'s one node
   gathering its two outputs' gradients), the parameter's gradients from them summed as a shared parameter's.
+  A conv2d's or linear's weight of weight_norm's parametrization is ``_weight_norm_interface``'s, kept by the layer's
+  node, its norms by weight_norm's (:func:`~perf4sight.features.alloc_forward._weight_normed`); its hook form and
+  spectral_norm go to the trace, as does a weight_norm linear of an input of more than a vector a sample.
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -210,8 +213,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         if n.attrs.get(_TRACED_CONSTANT_MODES.get(n.op, ""), True) is False:
             raise NotCovered(f"{n.op} of {_TRACED_CONSTANT_MODES[n.op]} false")
         for form in ("weight_norm", "spectral_norm"):  # the weight computed and kept, its backward: to the trace
-            if n.attrs.get(form):
-                raise NotCovered(f"a {n.op} of {form}")
+            if n.attrs.get(form) and (form, n.attrs[form]) != ("weight_norm", "parametrization"):
+                raise NotCovered(f"a {n.op} of {form}")  # but weight_norm's parametrization (alloc_forward)
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []
@@ -280,6 +283,8 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
     if n.op == "window_attention":  # its own: the bias table or (V2) the logit scale, first in _window_parameters
         own = sum(name in ("table", "logit_scale") for name in _window_parameters(n, 0))
         return params[own:] + params[:own] + buffers
+    if n.attrs.get("weight_norm") == "parametrization":  # its parametrization (a submodule) first: g, v, the bias
+        return params[-2:] + params[:-2] + buffers
     return params + buffers
 
 
@@ -291,14 +296,14 @@ _FROZEN_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "linear")
 def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> frozenset[int]:
     """The indices of ``desc``'s frozen parameters (``frozen.frozen_of``; ``first_param``: each node's first),
     which get no gradient; :class:`NotCovered` where one is of a layer :data:`_FROZEN_OPS` leaves out, of a linear
-    layer of N-D input or of a standardised weight."""
+    layer of N-D input or of a standardised or normed weight (weight_norm, spectral_norm)."""
     out: set[int] = set()
     nodes = {n.name: n for n in desc.nodes}
     for name, names in frozen_of(desc).items():
         n = nodes[name]
         p, _ = _params(n)
-        if n.op not in _FROZEN_OPS or n.attrs.get("standardize") or \
-                n.op == "linear" and len(nodes[n.inputs[0]].output_shape) != 1:
+        if n.op not in _FROZEN_OPS or n.attrs.get("standardize") or n.attrs.get("weight_norm") or \
+                n.attrs.get("spectral_norm") or n.op == "linear" and len(nodes[n.inputs[0]].output_shape) != 1:
             raise NotCovered(f"frozen parameters of a {n.op}")
         for k, role in enumerate(("weight", "bias")[:len(p)]):
             if ALL in names or role in names:

@@ -165,6 +165,8 @@ class _Memory:
 def _params(node: Node) -> tuple[list[int], list[int]]:
     """(parameter bytes, buffer bytes) of ``node``'s module, in registration order."""
     a = node.attrs
+    if a.get("weight_norm") == "parametrization":  # the layer's bias, then its parametrization's g and v
+        return _weight_normed_params(node), []
     if node.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
@@ -303,6 +305,15 @@ class _OpContext:
     def alloc(self, kernel: str, size: int | None = None, holders: int = 1) -> int:
         """A new storage of ``size`` bytes (default: the output's), allocated by ``aten.<kernel>``."""
         return self.mem.new(self.nbytes if size is None else size, "aten." + kernel, holders)
+
+
+def _weight_normed_params(node: Node) -> list[int]:
+    """The parameter bytes of a conv2d or linear of weight_norm's parametrization, as ``Module.parameters`` gives them:
+    the layer's own bias (if any), then its parametrization's g (one an output channel) and v (the weight's)."""
+    a = dict(node.attrs)
+    del a["weight_norm"]
+    weight, *bias = _params(Node(node.name, node.op, node.inputs, a, node.output_shape))[0]
+    return bias + [a.get("out_channels", a.get("out_features", 0)) * FLOAT, weight]
 
 
 def _window_parameters(node: Node, p0: int) -> dict[str, int]:
