@@ -1496,7 +1496,8 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
 class _WeightNormedThrough(nn.Module):
     """weight_norm's parametrization on every layer: a first conv reading the input, a 1 x 1 one without a bias, a
     depthwise one called twice, a dilated nn.Conv1d over the map's pixels, one of a channels-last input (after a
-    permute), a linear with a bias and one without."""
+    permute), linears over the map's rows (folded: addmm, and without a bias mm), a linear with a bias and one
+    without."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1505,6 +1506,7 @@ class _WeightNormedThrough(nn.Module):
         self.depthwise, self.time = wn(nn.Conv2d(8, 8, 3, padding=1, groups=8)), wn(nn.Conv1d(8, 8, 3, padding=2,
                                                                                             dilation=2))
         self.last = wn(nn.Conv2d(8, 8, 3, padding=1))
+        self.rows, self.rows_unbiased = wn(nn.Linear(64, 64)), wn(nn.Linear(64, 64, bias=False))
         self.fc, self.out = wn(nn.Linear(8, 16)), wn(nn.Linear(16, 10, bias=False))
 
     def forward(self, x):
@@ -1512,6 +1514,7 @@ class _WeightNormedThrough(nn.Module):
         x = self.depthwise(torch.sigmoid(self.depthwise(x)))
         x = x + torch.sigmoid(self.time(x.flatten(2))).reshape(x.shape)
         x = self.last(x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2))
+        x = self.rows_unbiased(torch.sigmoid(self.rows(x.reshape(x.shape[0], 8, 64)))).reshape(x.shape)
         return self.out(torch.sigmoid(self.fc(x.mean((2, 3)))))
 
 
@@ -1521,14 +1524,14 @@ def test_weight_norms_parametrization_is_written_down_as_the_trace_records_it():
     its norms made by _weight_norm_interface, the layer's node keeping the weight and weight_norm's the norms, whose
     backward gives v's and g's gradients. Its events are the trace's at batches 1 and 3 under SGD and Adam, for a
     first layer, a 1 x 1 one without a bias, a depthwise layer called twice, an nn.Conv1d, one of a channels-last
-    input and linears with and without a bias."""
+    input and linears with and without a bias, of vectors and of rows."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
 
     desc = describe(_WeightNormedThrough(), SHAPE, name="probe")
     normed = [n for n in desc.nodes if n.attrs.get("weight_norm")]
-    assert len(normed) == 8 and [n.op for n in normed].count("linear") == 2
+    assert len(normed) == 10 and [n.op for n in normed].count("linear") == 4
     assert sum(1 for n in normed if n.attrs.get("shares")) == 1
     for optimizer in ("sgd", "adam"):
         for batch in (1, 3):

@@ -79,12 +79,10 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         return _Value(sid, nbytes, ctx.grad_fn([x.sid, rstd], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
         computed = [normed[0]] if normed is not None else []  # a computed weight, kept by the product (w.t() a view)
-        if computed and len(ctx.in_shapes[0]) != 1:
-            raise NotCovered("a linear of weight_norm over more than a vector a sample")
         if len(ctx.in_shapes[0]) != 1 and not n.attrs["bias"]:
-            return _matmul_folded(ctx, pedges, pbytes)
+            return _matmul_folded(ctx, pedges, pbytes, tuple(computed))
         if len(ctx.in_shapes[0]) != 1:
-            return _linear_folded(ctx, pedges, pbytes)
+            return _linear_folded(ctx, pedges, pbytes, tuple(computed))
         t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
         # addmm and mm keep x for the weight's gradient alone (none where the weight is frozen: saved-tensor hooks)
         kept = ([x.sid] if t is not None else []) + computed
@@ -315,11 +313,12 @@ def _weight_shape(node: Node) -> tuple[int, int, int, int]:
     return a["out_channels"], a["in_channels"] // a["groups"], kh, kw
 
 
-def _matmul_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
+def _matmul_folded(ctx: _OpContext, pedges: list, pbytes: list[int], kept: tuple[int, ...] = ()) -> _Value:
     """A linear layer without a bias on a contiguous tensor of more than two dimensions: torch's ``matmul(x,
     weight.t())``, the weight transposed first (a view), the input folded into rows (a view), ``mm`` (it keeps the
     rows), the result viewed back. Backward: the output's view reshapes the incoming gradient into rows (a copy where
-    it is permuted), then ``mm``'s: the weight's gradient first, then the input's. A strided input not covered."""
+    it is permuted), then ``mm``'s: the weight's gradient first, then the input's. A strided input not covered.
+    ``kept``: storages ``mm``'s node keeps too (a weight computed by weight_norm)."""
     x, nbytes = ctx.x, ctx.nbytes
     if x.strides is not None:
         raise NotCovered("linear without a bias on a strided tensor of more than two dimensions")
@@ -328,18 +327,19 @@ def _matmul_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
     t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
     viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view", out_shape=folded_in)
     sid = ctx.alloc("mm.default")
-    mm = ctx.grad_fn([x.sid], [_fn_edge(viewed), ("fn", t)], [x.nbytes, pbytes[0]], ["aten.mm.default"] * 2, [1, 0],
+    mm = ctx.grad_fn([x.sid, *kept], [_fn_edge(viewed), ("fn", t)], [x.nbytes, pbytes[0]], ["aten.mm.default"] * 2,
+                     [1, 0],
                      out_shape=folded_out, shapes=[folded_in, folded_in[1:] + folded_out[1:]], any_strides=True)
     out = ctx.grad_fn([], [_fn_edge(mm)], [nbytes], [None], handoff="view", shapes=[folded_out])
     return _Value(sid, nbytes, out, view=True)
 
 
-def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
+def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int], kept: tuple[int, ...] = ()) -> _Value:
     """A linear layer on a tensor of more than two dimensions, as torch folds it where the input is contiguous and
     there is a bias: the input viewed as [rows, in_features], ``addmm``, the result viewed back. Backward: the
     output's view reshapes the incoming gradient to [rows, out_features] (a copy where no view can: a permuted one,
     but at a batch of 1), then ``addmm``'s as a 2-D linear layer's (its products read any strides). Without a bias:
-    :func:`_matmul_folded`; a strided input not covered."""
+    :func:`_matmul_folded`; a strided input not covered. ``kept``: as :func:`_matmul_folded`'s."""
     x, nbytes = ctx.x, ctx.nbytes
     if x.strides is not None:
         raise NotCovered("linear on a strided tensor of more than two dimensions")
@@ -349,7 +349,7 @@ def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
     t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
     sid = ctx.alloc("addmm.default")
     edge = None if viewed is None else ("fn", viewed)
-    addmm = ctx.grad_fn([x.sid], [pedges[1], edge, ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
+    addmm = ctx.grad_fn([x.sid, *kept], [pedges[1], edge, ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
                         [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [nbytes, None, None],
                         out_shape=folded_out, shapes=[folded_out[1:], folded_in, folded_in[1:] + folded_out[1:]],
                         any_strides=True)

@@ -104,7 +104,7 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   gathering its two outputs' gradients), the parameter's gradients from them summed as a shared parameter's.
   A conv2d's or linear's weight of weight_norm's parametrization is ``_weight_norm_interface``'s, kept by the layer's
   node, its norms by weight_norm's (:func:`~perf4sight.features.alloc_forward._weight_normed`); its hook form and
-  spectral_norm go to the trace, as does a weight_norm linear of an input of more than a vector a sample.
+  spectral_norm go to the trace.
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
