@@ -105,6 +105,36 @@ def test_a_cut_is_described_from_the_unpruned_description_only_where_it_alone_sa
         assert cut.params == plan.p0 - plan._fast_count(list(counts)) < plan.p0
 
 
+_NORMS = {"weight_norm parametrization": nn.utils.parametrizations.weight_norm,
+          "weight_norm hook": nn.utils.weight_norm,
+          "spectral_norm parametrization": nn.utils.parametrizations.spectral_norm,
+          "spectral_norm hook": nn.utils.spectral_norm}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+@pytest.mark.parametrize("how", list(_NORMS.values()), ids=list(_NORMS))
+def test_a_cut_of_weight_normed_and_spectral_normed_layers_is_described_from_the_unpruned_description(how):
+    """torch's layers of weight_norm or spectral_norm (either form: a parametrized layer's class is torch's made
+    anew) in a Sequential, a depthwise one among them: cut by prune_plan's cut of them, each level is described from
+    the unpruned description (None before: their attrs and class were not among the layers'), the traced description
+    of the pruned module."""
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    net = nn.Sequential(how(nn.Conv2d(3, 16, 3, padding=1)), nn.ReLU(), how(nn.Conv2d(16, 32, 3, stride=2)), nn.ReLU(),
+                        how(nn.Conv2d(32, 32, 3, padding=1, groups=32)), nn.ReLU(), how(nn.Conv2d(32, 32, 1)),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), how(nn.Linear(32, 24)), nn.ReLU(),
+                        how(nn.Linear(24, 10)))
+    net(torch.randn(1, *SHAPE))
+    plan = PruningPlan(net, SHAPE, "l1-norm", 2, 0, "net")
+    for level in (30, 60):
+        counts = plan.counts_at(level)
+        cut = described_cuts.described_cut(plan, counts, SHAPE)
+        traced = describe(plan.prune(level).module, SHAPE, name="net")
+        assert cut is not None and cut.params == traced.params == plan.p0 - plan._fast_count(list(counts))
+        assert [n.to_dict() for n in cut.nodes] == [n.to_dict() for n in traced.nodes]
+
+
 class _CatOfCat(nn.Module):
     """Two branches concatenated, a convolution of that concatenated to it again, a depthwise convolution of the
     whole, a head over the mean of the map."""

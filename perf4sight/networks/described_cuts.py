@@ -13,7 +13,8 @@ Made here only where every check passes, else None (the caller then cuts a copy 
 
 - every layer of the network is torch's or torchvision's (their forwards do not branch on channel counts, so the cut
   network traces to the same graph; a model of the user's own code might), and every layer with weights is called
-  once, by a node of the description (a convolution, batch norm or linear layer, of torch's own class);
+  once, by a node of the description (a convolution, batch norm or linear layer, of torch's own class; a convolution
+  or linear layer of weight_norm or spectral_norm, either form, too);
 - the plan cuts only those layers, with torch-pruning's own cuts of them (a convolution's, a depthwise one's, a batch
   norm's, a linear layer's), and every parameter the network has is read (none left out of the count);
 - at each node the channels a layer's cut leaves are the ones its input brings (a cut that would not run is left
@@ -28,10 +29,12 @@ from typing import Any
 
 import torch_pruning as tp
 from torch import nn
+from torch.nn.utils import parametrize
 
 from perf4sight.ir.from_torch import described_with_calls
 from perf4sight.ir.schema import NetworkDescription, Node, count_params, node_params
 from perf4sight.ir.shapes import broadcast
+from perf4sight.networks import prune_plan as pp
 from perf4sight.networks.prune_plan import removal
 
 __all__ = ["DescribedCut", "described_cut"]
@@ -45,9 +48,11 @@ _FOLLOWING = {
             "output_size"} for op in ("maxpool2d", "avgpool2d", "adaptiveavgpool2d", "adaptivemaxpool2d")},
     "mean": {"dims", "keepdim"},
 }
-_CONV = {"in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"}
+#: a conv2d's or linear's weight_norm or spectral_norm (over dim 0: cut by ``prune_plan._normed_cut``)
+_NORMED = {"weight_norm", "spectral_norm", "spectral_norm_iterations", "spectral_norm_eps"}
+_CONV = {"in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"} | _NORMED
 _BN = {"num_features", "eps", "affine", "track_running_stats", "momentum"}
-_LINEAR = {"in_features", "out_features", "bias"}
+_LINEAR = {"in_features", "out_features", "bias"} | _NORMED
 #: description op -> the layer class that makes it, and the attributes its node may have
 _LAYERS = {"conv2d": (nn.Conv2d, _CONV), "batchnorm2d": (nn.BatchNorm2d, _BN), "linear": (nn.Linear, _LINEAR)}
 _F = tp.pruner.function
@@ -56,6 +61,9 @@ _F = tp.pruner.function
 _CUTS = {(_F.ConvPruner, "prune_out_channels"): "out", (_F.ConvPruner, "prune_in_channels"): "in",
          (_F.LinearPruner, "prune_out_channels"): "out", (_F.LinearPruner, "prune_in_channels"): "in",
          (_F.BatchnormPruner, "prune_out_channels"): "both", (_F.DepthwiseConvPruner, "prune_out_channels"): "both"}
+#: this tool's cuts of a layer of weight_norm or spectral_norm, by side
+_NORMED_CUTS = {pp.prune_out_channels_normed: "out", pp.prune_in_channels_normed: "in",
+                pp.prune_out_channels_depthwise_normed: "both"}
 
 
 class _Unpruned:
@@ -80,15 +88,24 @@ class _Unpruned:
             if n.op in _LAYERS:
                 kind, keys = _LAYERS[n.op]
                 m = modules.get(calls.get(n.name, ""))
-                if type(m) is not kind or not set(n.attrs) <= keys or not _same_counts(n, m):
+                if _layer_class(m) is not kind or not set(n.attrs) <= keys or not _same_counts(n, m):
                     return
                 self.layers[n.name] = calls[n.name]
             elif n.op not in ("input", "flatten", "add", "mul", "cat") and n.op not in _FOLLOWING:
                 return
-        weighted = {name for name, m in modules.items() if any(True for _ in m.parameters(recurse=False))}
+        weighted = {name for name, m in modules.items() if any(True for _ in m.parameters(recurse=False))
+                    and not isinstance(m, parametrize.ParametrizationList)}  # a layer's parametrization: the layer's
         if len(set(self.layers.values())) != len(self.layers) or not weighted <= set(self.layers.values()):
             return  # a layer called twice, or one with weights no layer node calls
         self.desc = desc
+
+
+def _layer_class(m: nn.Module | None) -> type:
+    """``m``'s class, that of the layer a parametrization was registered on for a parametrized one (torch makes its
+    class anew: ``ParametrizedConv2d``, of ``nn.Conv2d``)."""
+    if m is not None and parametrize.is_parametrized(m):
+        return type(m).__bases__[0]
+    return type(m)
 
 
 def _same_counts(n: Node, m: nn.Module) -> bool:
@@ -137,7 +154,8 @@ def described_cut(plan: Any, counts: tuple[int, ...], input_shape: list[int]) ->
         return None
     removed: dict[str, dict[str, set[int]]] = {}  # layer -> side ("out", "in", "both") -> channels cut
     for (layer, handler), idxs in removal(plan.groups, list(counts)).items():
-        side = _CUTS.get((type(getattr(handler, "__self__", None)), getattr(handler, "__name__", "")))
+        side = _NORMED_CUTS.get(handler) or _CUTS.get((type(getattr(handler, "__self__", None)),
+                                                       getattr(handler, "__name__", "")))
         if side is None:
             return None
         removed.setdefault(layer, {}).setdefault(side, set()).update(idxs)
