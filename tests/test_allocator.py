@@ -842,6 +842,29 @@ def test_shape_only_kernels_leave_the_events_unchanged(zoo):
     assert record_runs(desc, (3, 5), method="trace") == [fast, record_events(desc, 5, fast=False)]
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_trace_of_a_description_with_frozen_parameters_runs_and_derives_its_steps(optimizer):
+    """A description with frozen parameters (``frozen_parameters``, rebuilt frozen by to_torch) that the allocation
+    model leaves to the meta trace (a spectral_norm layer) failed there: the fast trace hooked every parameter's
+    gradient ("cannot register a hook on a tensor that doesn't require gradient"), so its features could not be made.
+    The frozen weight gets no gradient; the derived steps are the run ones, event for event."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                        nn.utils.parametrizations.spectral_norm(nn.Conv2d(8, 8, 3, padding=1)), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+    net[0].weight.requires_grad_(False)
+    desc = describe(net, [3, 8, 8], name="frozen")
+    assert desc.extra["frozen_parameters"] == ["_0.weight"]
+    fast = record_events(desc, 2, steps=3, method="auto", optimizer=optimizer)
+    assert fast == record_events(desc, 2, steps=3, fast=False, optimizer=optimizer)
+    weight = 8 * 3 * 9 * 4
+    assert not any(kind == ALLOC and size == weight and op == "aten.convolution_backward.default"
+                   for kind, _, size, op in fast)  # no gradient of the frozen weight
+
+
 def test_more_derived_steps_match_more_run_steps():
     from perf4sight.networks.zoo import describe_zoo
     desc = describe_zoo("mobilenet_v2", [3, 32, 32], num_classes=10)

@@ -268,9 +268,10 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
             closed[0] = True
             return list(events)
 
-    # fast: the first step, with a mark wherever a parameter's gradient is accumulated
+    # fast: the first step, with a mark wherever a parameter's gradient is accumulated (a frozen one, which a
+    # description's frozen_layers or frozen_parameters rebuild, gets none: torch refuses it a hook)
     hooks = [p.register_post_accumulate_grad_hook(lambda _p, i=i: record((ACCUMULATED, i, 0, "")))
-             for i, p in enumerate(params) if p.requires_grad]  # a frozen one gets no gradient (and takes no hook)
+             for i, p in enumerate(params) if p.requires_grad]
     with Recorder():
         begin = len(events)
         out = model(x)
