@@ -1426,9 +1426,8 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
     spectral_norm. The rebuilt module computes the original's output, gradients and buffers, runs its kernels and
     describes again as it; the kernels the features add to the plain layer's are torch's (weight_norm: one forward,
     one back; spectral_norm: 8 an iteration and 5 forward, 9 back); g's parameters are counted; what autograd keeps
-    per sample and once a step is the features'; the allocation model writes weight_norm's parametrization down as
-    the meta trace and leaves the rest to it, which runs, and for the hooks step by step; a PerfSeer graph keeps the
-    attrs."""
+    per sample and once a step is the features'; the allocation model writes the parametrizations down as the meta
+    trace and leaves the hooks to it, which runs them step by step; a PerfSeer graph keeps the attrs."""
     from test_allocator import _as_replayed
     from test_features import _autograd_saved_bytes
     from test_ir_research_calls import _kernels_run
@@ -1480,10 +1479,10 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
     kept = weights + 8 if form == "weight_norm" else weights + 8 + weights // 8 + 1  # W / sigma, u, v, sigma
     assert features.batch_saved_sizes.sum() == at2 - 2 * (at4 - at2) / 2 == kept * 4
     trace = record_events(desc, 2, steps=3, method="trace")
-    if attrs == {"weight_norm": "parametrization"} and op == "conv2d":  # written down (a linear's here is strided)
+    if attrs.get(form) == "parametrization" and op == "conv2d":  # written down (a linear's here is strided)
         assert _as_replayed(record_events(desc, 2, steps=3, method="model")) == _as_replayed(trace)
     else:
-        said = "" if attrs == {"weight_norm": "parametrization"} else f"a {op} of {form}"
+        said = "" if attrs.get(form) == "parametrization" else f"a {op} of {form}"
         with pytest.raises(UserError, match=f"the allocation model does not cover {said}"):
             record_events(desc, 2, steps=1, method="model")
     assert _as_replayed(trace) == _as_replayed(record_events(desc, 2, steps=3, method="trace", fast=False))
@@ -1494,14 +1493,13 @@ def test_weight_norm_is_an_attr_of_the_conv2d_or_linear(case):
 
 
 class _WeightNormedThrough(nn.Module):
-    """weight_norm's parametrization on every layer: a first conv reading the input, a 1 x 1 one without a bias, a
-    depthwise one called twice, a dilated nn.Conv1d over the map's pixels, one of a channels-last input (after a
+    """weight_norm's parametrization (or ``wn``) on every layer: a first conv reading the input, a 1 x 1 one without a
+    bias, a depthwise one called twice, a dilated nn.Conv1d over the map's pixels, one of a channels-last input (after a
     permute), linears over the map's rows (folded: addmm, and without a bias mm), a linear with a bias and one
     without."""
 
-    def __init__(self) -> None:
+    def __init__(self, wn=parametrizations.weight_norm) -> None:
         super().__init__()
-        wn = parametrizations.weight_norm
         self.stem, self.point = wn(nn.Conv2d(3, 8, 3, padding=1)), wn(nn.Conv2d(8, 8, 1, bias=False))
         self.depthwise, self.time = wn(nn.Conv2d(8, 8, 3, padding=1, groups=8)), wn(nn.Conv1d(8, 8, 3, padding=2,
                                                                                             dilation=2))
@@ -1518,25 +1516,30 @@ class _WeightNormedThrough(nn.Module):
         return self.out(torch.sigmoid(self.fc(x.mean((2, 3)))))
 
 
-def test_weight_norms_parametrization_is_written_down_as_the_trace_records_it():
-    """weight_norm's parametrization went to the meta trace (a resnet18 with every layer of it at 224x224, four batch
-    sizes: 148 ms of process time, against 5 ms written down): the allocation model writes it down, the weight and
-    its norms made by _weight_norm_interface, the layer's node keeping the weight and weight_norm's the norms, whose
-    backward gives v's and g's gradients. Its events are the trace's at batches 1 and 3 under SGD and Adam, for a
+@pytest.mark.parametrize("how", [parametrizations.weight_norm, parametrizations.spectral_norm,
+                                 lambda m: parametrizations.spectral_norm(m, n_power_iterations=2)],
+                         ids=["weight_norm", "spectral_norm", "spectral_norm of 2 iterations"])
+def test_weight_norms_parametrization_is_written_down_as_the_trace_records_it(how):
+    """weight_norm's and spectral_norm's parametrizations went to the meta trace (a resnet18 with every layer of it at
+    224x224, four batch sizes: 148 and 1,087 ms of process time, against 5 and 9 ms written down): the allocation
+    model writes them down. weight_norm: the weight and its norms made by _weight_norm_interface, the layer's node
+    keeping the weight and weight_norm's the norms, whose backward gives v's and g's gradients. spectral_norm: each
+    power iteration's products and norms, freed; u and v cloned, sigma (vdot of u and the product of the weight and
+    v), the weight over sigma; backward the division's (sigma's gradient first), vdot's and mv's, the weight's two
+    gradients added. Its events are the trace's at batch 1 under SGD and 3 under Adam, for a
     first layer, a 1 x 1 one without a bias, a depthwise layer called twice, an nn.Conv1d, one of a channels-last
     input and linears with and without a bias, of vectors and of rows."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
 
-    desc = describe(_WeightNormedThrough(), SHAPE, name="probe")
-    normed = [n for n in desc.nodes if n.attrs.get("weight_norm")]
+    desc = describe(_WeightNormedThrough(how), SHAPE, name="probe")
+    normed = [n for n in desc.nodes if n.attrs.get("weight_norm") or n.attrs.get("spectral_norm")]
     assert len(normed) == 10 and [n.op for n in normed].count("linear") == 4
     assert sum(1 for n in normed if n.attrs.get("shares")) == 1
-    for optimizer in ("sgd", "adam"):
-        for batch in (1, 3):
-            assert _as_replayed(record_events(desc, batch, steps=2, method="model", optimizer=optimizer)) == \
-                _as_replayed(record_events(desc, batch, steps=2, method="trace", optimizer=optimizer))
+    for optimizer, batch in (("sgd", 1), ("adam", 3)):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model", optimizer=optimizer)) == \
+            _as_replayed(record_events(desc, batch, steps=2, method="trace", optimizer=optimizer))
 
 
 def _live_bytes(events) -> int:

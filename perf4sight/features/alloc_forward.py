@@ -41,9 +41,11 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     pbytes, _ = _params(n)
     pedges = [None if ctx.first_param + k in ctx.frozen else ("param", ctx.first_param + k)  # frozen: no gradient
               for k in range(len(pbytes))]
-    normed = _weight_normed(ctx, pbytes) if n.attrs.get("weight_norm") else None
-    if normed is not None:  # the weight read is g * v / ||v||, kept by the layer's node; the bias its one parameter
-        pbytes, pedges = [pbytes[-1]] + pbytes[:-2], [("fn", normed[1])] + pedges[:-2]
+    normed = _weight_normed(ctx, pbytes) if n.attrs.get("weight_norm") else \
+        _spectral_normed(ctx, pbytes) if n.attrs.get("spectral_norm") else None
+    if normed is not None:  # the weight read is computed, kept by the layer's node; the bias its one parameter
+        extra = 2 if n.attrs.get("weight_norm") else 1
+        pbytes, pedges = [pbytes[-1]] + pbytes[:-extra], [("fn", normed[1])] + pedges[:-extra]
     if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
         if "standardize_scale" in n.attrs:  # ScaledStdConv2d's gain, its last parameter: read by the batch norm alone
             pbytes, pedges = pbytes[:-1], pedges[:-1]
@@ -99,6 +101,44 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         edges, sizes, order = [_edge(x), _fn_edge(t)], [x.nbytes, pbytes[0]], [1, 0]
         return _Value(sid, nbytes, ctx.grad_fn(kept, edges, sizes, grads, order))
     raise NotCovered(f"op '{n.op}'")
+
+
+def _spectral_normed(ctx: _OpContext, pbytes: list[int]) -> tuple[int, int, list[int]]:
+    """A conv2d's or linear's weight of spectral_norm's parametrization (``pbytes``: :func:`_params`' bias, original
+    weight), as torch.nn.utils.parametrizations.spectral_norm runs it at a training forward: each power iteration
+    (no gradient) ``mv`` and a norm for u, then for v, freed once written into the buffers; u and v cloned (each kept
+    by the node that reads it); sigma ``vdot(u, mv(W, v))`` (the product freed after it; W the weight viewed
+    [out, -1]); the weight over sigma, which keeps sigma. Backward as :func:`_by_moments`' division: sigma's gradient
+    first (three temporaries of the weight's size, then summed down to a number), the weight's; vdot's (u times it),
+    mv's (its outer product with v), added to the weight's by the engine. (The weight's storage, the division's node,
+    nothing more to drop.)"""
+    w = pbytes[-1]
+    w_at = ctx.first_param + len(pbytes) - 1
+    shape = tuple(_weight_shape(ctx.node)) if ctx.node.op == "conv2d" else \
+        (ctx.node.attrs["out_features"], ctx.node.attrs["in_features"])
+    out = shape[0]
+    cols = w // (out * FLOAT)
+    alloc, drop, grad_fn = ctx.alloc, ctx.mem.drop, ctx.grad_fn
+    for _ in range(int(ctx.node.attrs.get("spectral_norm_iterations", 1))):
+        for size in (out * FLOAT, cols * FLOAT):  # u = normalize(W v), then v = normalize(W^T u), in place
+            product, norm = alloc("mv.default", size), alloc("linalg_vector_norm.default", FLOAT)
+            drop(product)
+            drop(norm)
+    u = alloc("clone.default", out * FLOAT, holders=0)
+    v = alloc("clone.default", cols * FLOAT, holders=0)
+    matrix = ("param", w_at)
+    if len(shape) != 2:  # a convolution's weight viewed [out, -1]
+        matrix = ("fn", grad_fn([], [matrix], [w], [None], handoff="view", out_shape=(out, cols), shapes=[shape]))
+    product = alloc("mv.default", out * FLOAT)
+    mv = grad_fn([v], [matrix], [w], ["aten.mul.Tensor"], out_shape=(out,), shapes=[(out, cols)])
+    sigma = alloc("vdot.default", FLOAT, holders=0)
+    vdot = grad_fn([u], [("fn", mv)], [out * FLOAT], ["aten.mul.Tensor"], out_shape=(), shapes=[(out,)])
+    drop(product)
+    sid = alloc("div.Tensor", w, holders=0)
+    fn = grad_fn([sigma], [("param", w_at), ("fn", vdot)], [w, FLOAT], ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0],
+                 [None, w], around=[[], [(w, "aten.div.Tensor"), (w, "aten.div.Tensor"), (w, "aten.neg.default")]],
+                 out_shape=shape, shapes=[shape, ()], then="aten.sum.default")
+    return sid, fn, []
 
 
 def _weight_normed(ctx: _OpContext, pbytes: list[int]) -> tuple[int, int, list[int]]:

@@ -103,8 +103,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   autograd node (:func:`~perf4sight.features.alloc_forward._standardised_weight`; ``torch.var_mean``'s one node
   gathering its two outputs' gradients), the parameter's gradients from them summed as a shared parameter's.
   A conv2d's or linear's weight of weight_norm's parametrization is ``_weight_norm_interface``'s, kept by the layer's
-  node, its norms by weight_norm's (:func:`~perf4sight.features.alloc_forward._weight_normed`); its hook form and
-  spectral_norm go to the trace.
+  node, its norms by weight_norm's (:func:`~perf4sight.features.alloc_forward._weight_normed`); of spectral_norm's,
+  its power iteration's temporaries, u and v cloned, sigma and the weight over it, whose backward is a division's
+  (:func:`~perf4sight.features.alloc_forward._spectral_normed`). Their hook forms go to the trace.
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -213,8 +214,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         if n.attrs.get(_TRACED_CONSTANT_MODES.get(n.op, ""), True) is False:
             raise NotCovered(f"{n.op} of {_TRACED_CONSTANT_MODES[n.op]} false")
         for form in ("weight_norm", "spectral_norm"):  # the weight computed and kept, its backward: to the trace
-            if n.attrs.get(form) and (form, n.attrs[form]) != ("weight_norm", "parametrization"):
-                raise NotCovered(f"a {n.op} of {form}")  # but weight_norm's parametrization (alloc_forward)
+            if n.attrs.get(form) and n.attrs[form] != "parametrization":
+                raise NotCovered(f"a {n.op} of {form}")  # but the parametrizations (alloc_forward)
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []
@@ -285,6 +286,8 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
         return params[own:] + params[:own] + buffers
     if n.attrs.get("weight_norm") == "parametrization":  # its parametrization (a submodule) first: g, v, the bias
         return params[-2:] + params[:-2] + buffers
+    if n.attrs.get("spectral_norm") == "parametrization":  # spectral_norm's u and v, its original weight, the bias
+        return buffers + params[-1:] + params[:-1]
     return params + buffers
 
 

@@ -167,6 +167,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     a = node.attrs
     if a.get("weight_norm") == "parametrization":  # the layer's bias, then its parametrization's g and v
         return _weight_normed_params(node), []
+    if a.get("spectral_norm") == "parametrization":  # the bias, the original weight; the power iteration's u and v
+        return _spectral_normed_params(node)
     if node.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
@@ -314,6 +316,16 @@ def _weight_normed_params(node: Node) -> list[int]:
     del a["weight_norm"]
     weight, *bias = _params(Node(node.name, node.op, node.inputs, a, node.output_shape))[0]
     return bias + [a.get("out_channels", a.get("out_features", 0)) * FLOAT, weight]
+
+
+def _spectral_normed_params(node: Node) -> tuple[list[int], list[int]]:
+    """The parameter bytes of a conv2d or linear of spectral_norm's parametrization, as ``Module.parameters`` gives
+    them (the layer's own bias, if any, then its parametrization's original weight), and its buffers' (u, one an
+    output channel, and v, one a column of the weight viewed [out, -1])."""
+    a = {k: v for k, v in node.attrs.items() if not k.startswith("spectral_norm")}
+    weight, *bias = _params(Node(node.name, node.op, node.inputs, a, node.output_shape))[0]
+    out = a.get("out_channels", a.get("out_features", 0))
+    return bias + [weight], [out * FLOAT, weight // out]
 
 
 def _window_parameters(node: Node, p0: int) -> dict[str, int]:
