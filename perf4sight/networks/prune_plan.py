@@ -676,7 +676,6 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     _rms_norm_cuts(groups, modules)
     _instance_norm_cuts(groups, modules)
     _gain_cuts(groups, modules)
-
     _normed_cuts(groups, modules)
     return groups, notes
 
@@ -689,7 +688,8 @@ def _gain_cuts(groups: list[CoupledGroup], modules: dict[str, nn.Module]) -> Non
     for g in groups:
         for d in list(g.deps):
             m = modules.get(d.module)
-            if not isinstance(m, nn.Conv2d) or "out" not in getattr(d.handler, "__name__", ""):
+            if not isinstance(m, nn.Conv2d) or "out" not in getattr(d.handler, "__name__", "") or \
+                    _normed_tensors(m) is not None:  # a weight norm's g, [out, 1, 1, 1] too: :func:`_normed_cuts`'
                 continue
             for name, p in m.named_parameters(recurse=False):
                 if name not in ("weight", "bias") and tuple(p.shape) == (m.out_channels, 1, 1, 1):
