@@ -220,3 +220,43 @@ def test_a_frozen_network_s_step_time_is_of_the_forms_that_count_its_kernels(fin
     assert rows[1]["latency_ms"] < model.predict(F, trees)[0] and rows[1]["latency_ms"] < rows[0]["latency_ms"]
     Fw = feature_matrix([network_features(whole, fingerprint.runtime)], [4])
     assert rows[0]["latency_ms"] == pytest.approx(float(model.predict(Fw, trees)[0]), rel=1e-3)
+
+
+class _Tokens(nn.Module):
+    """A transformer's pieces: a patch conv and a group norm, a class token and a position embedding, a layer norm, a
+    linear layer on 3-D input with a bias and one without, a layer scale, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch, self.gn = nn.Conv2d(3, 16, 4, stride=4), nn.GroupNorm(4, 16)
+        self.cls, self.pos = nn.Parameter(torch.zeros(1, 1, 16)), nn.Parameter(torch.zeros(1, 5, 16))
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(16), nn.Linear(16, 32, bias=False), nn.Linear(32, 16)
+        self.gamma, self.head = nn.Parameter(torch.ones(16)), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.gn(self.patch(x)).reshape(x.shape[0], 4, 16)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        x = x + self.gamma * self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
+        return self.head(x[:, 0])
+
+
+def _tokens(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    net = _Tokens()
+    frozen = {"head": [net.patch, net.gn, net.ln, net.fc1, net.fc2, net.cls, net.pos, net.gamma],
+              "stem": [net.patch, net.gn, net.cls, net.pos], "middle": [net.ln, net.fc1, net.fc2, net.gamma],
+              "parts": [net.ln.weight, net.fc1.weight, net.fc2.bias]}[kind]
+    for m in frozen:
+        m.requires_grad_(False)
+    return net
+
+
+@pytest.mark.parametrize("kind", ("head", "stem", "middle", "parts"))
+def test_frozen_norms_tokens_scales_and_linear_layers_of_3_d_input_are_written_down(kind):
+    """Frozen layer norms, group norms, class tokens, position embeddings, layer scales and linear layers of 3-D input
+    (a ViT's or a ConvNeXt's, fine-tuned by its head) are written down by the allocation model, with the meta trace's
+    events: a frozen weight takes no gradient, and a layer scale or a linear layer of a frozen weight keeps no input."""
+    desc = describe(_tokens(kind), [3, 8, 8], f"tokens_{kind}")
+    assert record_runs(desc, (2,), steps=2, model_only=True) is not None
+    model, traced = record_events(desc, 2, steps=2, method="model"), record_events(desc, 2, steps=2, method="trace")
+    assert len(model) > 100 and _as_replayed(model) == _as_replayed(traced)

@@ -367,8 +367,8 @@ def _matmul_folded(ctx: _OpContext, pedges: list, pbytes: list[int], kept: tuple
     t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
     viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view", out_shape=folded_in)
     sid = ctx.alloc("mm.default")
-    mm = ctx.grad_fn([x.sid, *kept], [_fn_edge(viewed), ("fn", t)], [x.nbytes, pbytes[0]], ["aten.mm.default"] * 2,
-                     [1, 0],
+    saved = ([x.sid] if t is not None else []) + list(kept)  # mm keeps the rows for the weight's gradient alone
+    mm = ctx.grad_fn(saved, [_fn_edge(viewed), _fn_edge(t)], [x.nbytes, pbytes[0]], ["aten.mm.default"] * 2, [1, 0],
                      out_shape=folded_out, shapes=[folded_in, folded_in[1:] + folded_out[1:]], any_strides=True)
     out = ctx.grad_fn([], [_fn_edge(mm)], [nbytes], [None], handoff="view", shapes=[folded_out])
     return _Value(sid, nbytes, out, view=True)
@@ -389,7 +389,8 @@ def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int], kept: tuple
     t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
     sid = ctx.alloc("addmm.default")
     edge = None if viewed is None else ("fn", viewed)
-    addmm = ctx.grad_fn([x.sid, *kept], [pedges[1], edge, ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
+    saved = ([x.sid] if t is not None else []) + list(kept)  # addmm keeps the rows for the weight's gradient alone
+    addmm = ctx.grad_fn(saved, [pedges[1], edge, _fn_edge(t)], [pbytes[1], x.nbytes, pbytes[0]],
                         [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [nbytes, None, None],
                         out_shape=folded_out, shapes=[folded_out[1:], folded_in, folded_in[1:] + folded_out[1:]],
                         any_strides=True)
@@ -1035,7 +1036,8 @@ def _scale(ctx: _OpContext) -> _Value:
     weight = _broadcast_strides(shape, ctx.full_out)
     sid = ctx.alloc("mul.Tensor")
     layout = _iterated_layout(ctx.full_out, [_full_strides(x, ctx.full_in), weight], [x.strides, weight])
-    fn = ctx.grad_fn([x.sid], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT],
+    kept = [] if ctx.first_param in ctx.frozen else [x.sid]  # mul keeps x for the weight's gradient alone
+    fn = ctx.grad_fn(kept, [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT],
                      ["aten.mul.Tensor"] * 2, [1, 0], [None, nbytes], layouts=[("iterated", [weight]), None],
                      any_strides=True)
     return _Value(sid, nbytes, fn, **layout)
@@ -1092,7 +1094,7 @@ def _token(ctx: _OpContext) -> _Value:
     token = prod(n.attrs["shape"]) * FLOAT
     expanded = ctx.grad_fn([], [("param", ctx.first_param)], [token], ["aten.sum.dim_IntList"], out_shape=shape)
     sid = ctx.alloc("cat.default")
-    fn = ctx.grad_fn([], [("fn", expanded), _edge(x)], [ctx.batch * token, x.nbytes], [None, None],
+    fn = ctx.grad_fn([], [_fn_edge(expanded), _edge(x)], [ctx.batch * token, x.nbytes], [None, None],
                      handoff="slices", shapes=[shape, ctx.full_in])
     return _Value(sid, nbytes, fn)
 

@@ -291,22 +291,24 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
     return params + buffers
 
 
-#: The ops whose frozen parameters (``frozen.py``) the model writes down: their edges to a frozen parameter none
-#: (:func:`~perf4sight.features.alloc_forward._with_parameters`); any other's go to the trace.
-_FROZEN_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "linear")
+#: The ops whose frozen parameters (``frozen.py``) the model writes down (each checked against the meta trace); any
+#: other's go to the trace.
+_FROZEN_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "linear", "layernorm", "groupnorm", "rmsnorm", "scale",
+               "shift", "token")
 
 
 def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> frozenset[int]:
     """The indices of ``desc``'s frozen parameters (``frozen.frozen_of``; ``first_param``: each node's first),
-    which get no gradient; :class:`NotCovered` where one is of a layer :data:`_FROZEN_OPS` leaves out, of a linear
-    layer of N-D input or of a standardised or normed weight (weight_norm, spectral_norm)."""
+    which get no gradient; :class:`NotCovered` where one is of a layer :data:`_FROZEN_OPS` leaves out (an
+    attention's) or of a standardised or normed weight (weight_norm, spectral_norm). The handlers' edges to a frozen
+    parameter are none (:meth:`~perf4sight.features.alloc_values._OpContext.grad_fn`)."""
     out: set[int] = set()
     nodes = {n.name: n for n in desc.nodes}
     for name, names in frozen_of(desc).items():
         n = nodes[name]
         p, _ = _params(n)
         if n.op not in _FROZEN_OPS or n.attrs.get("standardize") or n.attrs.get("weight_norm") or \
-                n.attrs.get("spectral_norm") or n.op == "linear" and len(nodes[n.inputs[0]].output_shape) != 1:
+                n.attrs.get("spectral_norm"):
             raise NotCovered(f"frozen parameters of a {n.op}")
         for k, role in enumerate(("weight", "bias")[:len(p)]):
             if ALL in names or role in names:

@@ -285,6 +285,9 @@ class _OpContext:
         default: input order; ``out_shape`` default: ``full_out``; ``shapes`` default: the inputs' with the batch;
         ``layout``: ``perm``, ``layouts``, ``any_strides``, ``restride``) appended to ``fns``: its index, or None when
         no input needs a gradient (``saved`` is dropped)."""
+        # a frozen parameter takes no gradient (``frozen``), an input that needs none is no edge
+        edges = [None if e is not None and (e[1] is None or e[0] == "param" and e[1] in self.frozen) else e
+                 for e in edges]
         for s in saved:
             self.mem.hold(s)
         if not any(edges):  # every edge None (an edge is a non-empty tuple)
