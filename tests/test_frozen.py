@@ -260,3 +260,25 @@ def test_frozen_norms_tokens_scales_and_linear_layers_of_3_d_input_are_written_d
     assert record_runs(desc, (2,), steps=2, model_only=True) is not None
     model, traced = record_events(desc, 2, steps=2, method="model"), record_events(desc, 2, steps=2, method="trace")
     assert len(model) > 100 and _as_replayed(model) == _as_replayed(traced)
+
+
+def test_prune_to_fit_of_a_network_whose_prunable_layers_are_all_frozen_answers_none(fingerprint, tmp_path):
+    """A description file whose backbone is frozen whole (its layers kept whole by the pruning) reaches 0% at most:
+    --prune-to-fit ended in that error ('cannot reach pruning level 99% ... reaches 0.0% at most') for every network
+    asked; now no level meets the limits (only the unpruned one is asked)."""
+    from perf4sight.config import load_config
+    from perf4sight.fingerprint.pruning_search import least_prunings
+    from perf4sight.ir.schema import save_description
+    from perf4sight.networks.on_request import LevelVariants
+    torch.manual_seed(0)
+    net = _cnn(8, 3)
+    for m in list(net)[:9]:  # every conv and batch norm frozen: the head alone trained
+        m.requires_grad_(False)
+    save_description(describe(net, [3, 16, 16], name="backbone", network="backbone"), tmp_path / "backbone.json")
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ndescription_files = ["backbone.json"]\n'
+                                          'input_shape = [3, 16, 16]\nnum_classes = 10\n')
+    variant = LevelVariants(load_config(tmp_path / "config.toml"), "backbone", [3, 16, 16])
+    slow, fast = least_prunings(fingerprint, variant, [4, 8], max_latency_ms=1e-6)
+    assert slow.level is None and slow.variant is None and slow.tried == {0: False} == fast.tried
+    met = least_prunings(fingerprint, variant, [4], max_latency_ms=1e6)[0]
+    assert met.level == 0 and met.variant.extra["frozen_layers"]

@@ -46,7 +46,8 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
     without it) and to step within ``max_latency_ms`` when given.
     A level whose step is beyond the allocator replay (``BeyondReplay``: more than 256 TiB) fits no device: not met.
     A level the network cannot reach under ``min_channels`` (``UnreachableLevel``, which says the most it
-    reaches) lowers the top of the search to the level it reaches; one between two of its pruning steps is not met.
+    reaches) lowers the top of the search to the level it reaches (none but 0 where it reaches under 1%: a backbone
+    frozen whole, whose layers are kept whole); one between two of its pruning steps is not met.
     ``tried`` holds every level asked: all those below the answer (all up to the top where none meets)."""
     return least_prunings(fp, variant, [batch_size], max_latency_ms)[0]
 
@@ -109,10 +110,10 @@ def least_prunings(fp: Any, variant: Callable[[int], NetworkDescription], batch_
             top_met = ask(top)
         except UserError as exc:  # UnreachableLevel: the network stops short of 99% (min_channels)
             reached = getattr(exc, "achieved", None)
-            if reached is None or math.floor(reached) <= 0:
+            if reached is None:
                 raise
-            top = math.floor(reached)
-            top_met = ask(top)
+            top = max(math.floor(reached), 0)  # 0: no level but the unpruned one (its layers all frozen, say)
+            top_met = ask(top) if top else []
     for level in range(1, top):  # every level below the top: the predictions need not fall as the level rises
         if not still:
             break
