@@ -282,3 +282,33 @@ def test_prune_to_fit_of_a_network_whose_prunable_layers_are_all_frozen_answers_
     assert slow.level is None and slow.variant is None and slow.tried == {0: False} == fast.tried
     met = least_prunings(fingerprint, variant, [4], max_latency_ms=1e6)[0]
     assert met.level == 0 and met.variant.extra["frozen_layers"]
+
+
+class _Attending(nn.Module):
+    """A patch conv, a layer norm, an ``nn.MultiheadAttention`` (batch first) with its residual, a mean and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch, self.ln = nn.Conv2d(3, 16, 4, stride=4), nn.LayerNorm(16)
+        self.att, self.head = nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.patch(x).reshape(x.shape[0], 4, 16)
+        y = self.ln(x)
+        return self.head((x + self.att(y, y, y, need_weights=False)[0]).mean(1))
+
+
+@pytest.mark.parametrize("kind", ("attention", "head"))
+def test_a_frozen_attention_is_written_down(kind):
+    """An attention frozen whole is written down with the meta trace's events: where its input needs a gradient, the
+    packed projection of the transposed input is torch's bmm of the weight expanded (its matmul folds no strided input
+    it would copy when the weight needs no gradient) and the output projection keeps no input; where nothing needs one
+    (a ViT fine-tuned by its head), no node, the kernel's log-sum-exp of 0 bytes and its result freed once copied."""
+    torch.manual_seed(0)
+    net = _Attending()
+    for m in [net.att] if kind == "attention" else [net.patch, net.ln, net.att]:
+        m.requires_grad_(False)
+    desc = describe(net, [3, 8, 8], f"attending_{kind}")
+    assert record_runs(desc, (2,), steps=2, model_only=True) is not None
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert len(model) > 100 and _as_replayed(model) == _as_replayed(traced)

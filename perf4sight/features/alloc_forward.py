@@ -1383,7 +1383,9 @@ def _attention(ctx: _OpContext) -> _Value:
     projection's weight's and input's."""
     n, x, xb = ctx.node, ctx.x, ctx.nbytes
     e, heads = int(n.attrs["embed_dim"]), int(n.attrs["num_heads"])
-    if x.strides is not None or x.fn is None or not n.attrs["bias"] or float(n.attrs.get("dropout", 0)) != 0:
+    frozen = all(ctx.first_param + k in ctx.frozen for k in range(4))  # frozen whole
+    if x.strides is not None or x.fn is None and not frozen or not n.attrs["bias"] or \
+            float(n.attrs.get("dropout", 0)) != 0:
         raise NotCovered("attention of a strided input, without a bias or with a dropout")
     batch, tokens = ctx.full_in[0], ctx.full_in[1]
     shape = _AttentionShape(batch, tokens, e, heads)
@@ -1391,22 +1393,28 @@ def _attention(ctx: _OpContext) -> _Value:
     transposed = ctx.grad_fn([], [_edge(x)], [xb], [None], handoff="transpose", dims=(0, 1),
                              out_shape=shape.seq, shapes=[ctx.full_in])
     weight_t = ctx.grad_fn([], [("param", p)], [3 * e * e * FLOAT], [None], handoff="view")
-    copied = ctx.alloc("clone.default")
-    copy_fn = ctx.grad_fn([], [("fn", transposed)], [xb], [None], out_shape=shape.seq, shapes=[shape.seq])
-    rows = ctx.grad_fn([], [("fn", copy_fn)], [xb], [None], handoff="view", out_shape=(tokens * batch, e),
-                       shapes=[shape.seq])
-    product = ctx.alloc("mm.default", 3 * xb)
-    mm = ctx.grad_fn([copied], [("fn", rows), ("fn", weight_t)], [xb, 3 * e * e * FLOAT], ["aten.mm.default"] * 2,
-                     [1, 0], out_shape=(tokens * batch, 3 * e), shapes=[(tokens * batch, e), (e, 3 * e)])
-    ctx.mem.drop(copied)
-    packed = ctx.grad_fn([], [("fn", mm)], [3 * xb], [None], handoff="view", out_shape=shape.packed,
-                         shapes=[(tokens * batch, 3 * e)])
+    if weight_t is None:  # a frozen weight: torch's matmul folds no strided input it would copy (should_fold), but
+        # multiplies it by the weight expanded (bmm), which keeps nothing; backward bmm's gradient of the input
+        product = ctx.alloc("bmm.default", 3 * xb)
+        packed = ctx.grad_fn([], [("fn", transposed)], [xb], ["aten.bmm.default"], out_shape=shape.packed,
+                             shapes=[shape.seq])
+    else:
+        copied = ctx.alloc("clone.default")
+        copy_fn = ctx.grad_fn([], [("fn", transposed)], [xb], [None], out_shape=shape.seq, shapes=[shape.seq])
+        rows = ctx.grad_fn([], [("fn", copy_fn)], [xb], [None], handoff="view", out_shape=(tokens * batch, e),
+                           shapes=[shape.seq])
+        product = ctx.alloc("mm.default", 3 * xb)
+        mm = ctx.grad_fn([copied], [("fn", rows), ("fn", weight_t)], [xb, 3 * e * e * FLOAT], ["aten.mm.default"] * 2,
+                         [1, 0], out_shape=(tokens * batch, 3 * e), shapes=[(tokens * batch, e), (e, 3 * e)])
+        ctx.mem.drop(copied)
+        packed = ctx.grad_fn([], [("fn", mm)], [3 * xb], [None], handoff="view", out_shape=shape.packed,
+                             shapes=[(tokens * batch, 3 * e)])
     biased = ctx.alloc("add.Tensor", 3 * xb)
     ctx.mem.drop(product)
     add = ctx.grad_fn([], [("fn", packed), ("param", p + 1)], [3 * xb, 3 * e * FLOAT], [None, None],
                       full=[None, 3 * xb], out_shape=shape.packed, shapes=[shape.packed, (3 * e,)])
     qkv, selected = _attention_qkv(ctx, shape, add, biased)
-    return _attention_output(ctx, shape, _attention_kernel(ctx, shape, qkv, selected))
+    return _attention_output(ctx, shape, *_attention_kernel(ctx, shape, qkv, selected))
 
 
 @dataclass(frozen=True)
@@ -1459,11 +1467,18 @@ def _attention_qkv(ctx: _OpContext, shape: _AttentionShape, add: int | None, bia
     return qkv, split
 
 
-def _attention_kernel(ctx: _OpContext, shape: _AttentionShape, qkv: int, split: list) -> int | None:
+def _attention_kernel(ctx: _OpContext, shape: _AttentionShape, qkv: int, split: list) -> tuple[int | None, int | None]:
     """The memory-efficient kernel: its result (laid out as [N, L, heads, E / heads]), a log-sum-exp per head and
     token (the tokens padded to 32), a seed and an offset (8 bytes each), all kept with the query, key and value (in
-    the order its node frees them); backward, a gradient of each laid out as the result: its autograd node."""
+    the order its node frees them); backward, a gradient of each laid out as the result: (its autograd node, None),
+    or where nothing needs a gradient (None, the result's storage)."""
     xb, (batch, heads, tokens, dim) = ctx.nbytes, shape.split
+    if all(f is None for f in split):  # nothing needs a gradient (a frozen attention on a map that needs none): no
+        # log-sum-exp (0 bytes); the offset, seed, it and the query, key and value freed at once; the result once copied
+        out, none = ctx.alloc(_EFFICIENT, xb), ctx.alloc(_EFFICIENT, 0)
+        for sid in [ctx.alloc(_EFFICIENT, INT64) for _ in range(2)][::-1] + [none, qkv]:
+            ctx.mem.drop(sid)
+        return None, out
     out = ctx.alloc(_EFFICIENT, xb, holders=0)
     lse = ctx.alloc(_EFFICIENT, batch * heads * -(-tokens // 32) * 32 * FLOAT, holders=0)
     seed, offset = (ctx.alloc(_EFFICIENT, INT64, holders=0) for _ in range(2))
@@ -1472,24 +1487,28 @@ def _attention_kernel(ctx: _OpContext, shape: _AttentionShape, qkv: int, split: 
                          [f"aten.{_EFFICIENT.replace('.default', '_backward.default')}"] * 3,
                          out_shape=shape.split, shapes=[shape.split] * 3, layouts=[laid_out] * 3, any_strides=True)
     ctx.mem.drop(qkv)  # the query, key and value: views the kernel's node keeps
-    return kernel
+    return kernel, None
 
 
-def _attention_output(ctx: _OpContext, shape: _AttentionShape, kernel: int | None) -> _Value:
+def _attention_output(ctx: _OpContext, shape: _AttentionShape, kernel: int | None, result: int | None) -> _Value:
     """The kernel's result permuted to [L, N, heads, E / heads] and made contiguous (kept by the projection), viewed
-    as rows for the output projection (``addmm``), viewed back as [L, N, E] and transposed to [N, L, E]."""
+    as rows for the output projection (``addmm``), viewed back as [L, N, E] and transposed to [N, L, E]; ``result``:
+    the result's storage where no node keeps it (freed once copied)."""
     xb, p, e = ctx.nbytes, ctx.first_param, shape.embed
     heads_first = (shape.tokens, shape.batch, shape.heads, e // shape.heads)
     permuted = ctx.grad_fn([], [_fn_edge(kernel)], [xb], [None], handoff="permute", perm=(2, 0, 1, 3),
                            out_shape=heads_first, shapes=[shape.split])
     copied = ctx.alloc("clone.default")
+    if result is not None:
+        ctx.mem.drop(result)
     copy_fn = ctx.grad_fn([], [_fn_edge(permuted)], [xb], [None], out_shape=heads_first, shapes=[heads_first])
     rows = ctx.grad_fn([], [_fn_edge(copy_fn)], [xb], [None], handoff="view", out_shape=(shape.tokens * shape.batch, e),
                        shapes=[heads_first])
     weight_t = ctx.grad_fn([], [("param", p + 2)], [e * e * FLOAT], [None], handoff="view")
     sid = ctx.alloc("addmm.default")
     flat = (shape.tokens * shape.batch, e)
-    addmm = ctx.grad_fn([copied], [("param", p + 3), _fn_edge(rows), ("fn", weight_t)], [e * FLOAT, xb, e * e * FLOAT],
+    kept = [copied] if weight_t is not None else []  # addmm keeps its input for the weight's gradient alone
+    addmm = ctx.grad_fn(kept, [("param", p + 3), _fn_edge(rows), _fn_edge(weight_t)], [e * FLOAT, xb, e * e * FLOAT],
                         [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [xb, None, None],
                         out_shape=flat, shapes=[(e,), flat, (e, e)])
     ctx.mem.drop(copied)

@@ -294,7 +294,9 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
 #: The ops whose frozen parameters (``frozen.py``) the model writes down (each checked against the meta trace); any
 #: other's go to the trace.
 _FROZEN_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "linear", "layernorm", "groupnorm", "rmsnorm", "scale",
-               "shift", "token")
+               "shift", "token", "attention")
+#: Of those, the ops frozen whole alone (their parameters are not a weight and a bias).
+_FROZEN_WHOLE = ("attention",)
 
 
 def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> frozenset[int]:
@@ -310,11 +312,10 @@ def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> fr
         if n.op not in _FROZEN_OPS or n.attrs.get("standardize") or n.attrs.get("weight_norm") or \
                 n.attrs.get("spectral_norm"):
             raise NotCovered(f"frozen parameters of a {n.op}")
-        for k, role in enumerate(("weight", "bias")[:len(p)]):
-            if ALL in names or role in names:
-                out.add(first_param[name] + k)
-        if not names <= {ALL, "weight", "bias"}:
+        if not names <= {ALL, "weight", "bias"} or n.op in _FROZEN_WHOLE and ALL not in names:
             raise NotCovered(f"frozen parameters of a {n.op} named {sorted(names)}")
+        roles = ("weight", "bias") if n.op not in _FROZEN_WHOLE else ()
+        out.update(first_param[name] + k for k in range(len(p)) if ALL in names or k < len(roles) and roles[k] in names)
     return frozenset(out)
 
 
