@@ -1467,7 +1467,8 @@ def _attention_qkv(ctx: _OpContext, shape: _AttentionShape, add: int | None, bia
     return qkv, split
 
 
-def _attention_kernel(ctx: _OpContext, shape: _AttentionShape, qkv: int, split: list) -> tuple[int | None, int | None]:
+def _attention_kernel(ctx: _OpContext, shape: _AttentionShape, qkv: int,
+                      split: list) -> tuple[int | None, int | None]:
     """The memory-efficient kernel: its result (laid out as [N, L, heads, E / heads]), a log-sum-exp per head and
     token (the tokens padded to 32), a seed and an offset (8 bytes each), all kept with the query, key and value (in
     the order its node frees them); backward, a gradient of each laid out as the result: (its autograd node, None),
