@@ -312,3 +312,58 @@ def test_a_frozen_attention_is_written_down(kind):
     assert record_runs(desc, (2,), steps=2, model_only=True) is not None
     model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
     assert len(model) > 100 and _as_replayed(model) == _as_replayed(traced)
+
+
+def _dispatched(net: nn.Module, batch: int) -> tuple[list[str], list[str]]:
+    """The aten kernels (views left out) torch runs for ``net``'s forward and its backward at ``batch``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is not torch.ops.aten._unsafe_view.default and not any(  # views (and a copy's result viewed)
+                    r.alias_info is not None for r in func._schema.returns):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    x = torch.randn(batch, 3, 8, 8)
+    with _Ops() as fwd:
+        out = net(x)
+    with _Ops() as bwd:
+        out.sum().backward()
+    return fwd.ops, bwd.ops
+
+
+def test_a_frozen_attention_s_features_leave_its_weight_gradients_out():
+    """An attention frozen whole whose input needs a gradient computes that gradient alone: two GEMMs and two
+    reductions fewer back (its projections' weight and bias gradients) and its input not copied forward, as torch
+    runs it; the kernel table's GEMM work falls by what torch's flop counter counts."""
+    torch.manual_seed(0)
+    net = _Attending()
+    whole = describe(net, [3, 8, 8], "attending")
+    counted = []
+    for frozen in (False, True):
+        net.att.requires_grad_(not frozen)
+        with FlopCounterMode(display=False) as counter:
+            net(torch.randn(2, 3, 8, 8)).sum().backward()
+        counted.append((counter.get_total_flops(), *map(len, _dispatched(net, 2))))
+    desc = describe(net, [3, 8, 8], "attending_frozen")
+    assert desc.extra["frozen_layers"] == ["att"]
+    f, w = features_for(network_features(desc), 2), features_for(network_features(whole), 2)
+    assert (w["kernels_fwd"] - f["kernels_fwd"], w["kernels_bwd"] - f["kernels_bwd"]) == \
+        (counted[0][1] - counted[1][1], counted[0][2] - counted[1][2]) == (1, 4)
+
+    def gemm_flops(d):
+        kt = kernel_table(d)
+        gemm = kt.kind == GEMM
+        dims = kt.dims[gemm].copy()
+        rows = kt.batch_dim[gemm]
+        dims[rows >= 0, rows[rows >= 0]] *= 2
+        return 2 * dims.prod(axis=1).sum()
+    assert counted[0][0] > counted[1][0]  # and the biases' reductions, an add an output element each (4 tokens of 16)
+    assert w["flops_bwd"] - f["flops_bwd"] == pytest.approx(counted[0][0] - counted[1][0] + 4 * 4 * 16 * 2)
+    assert gemm_flops(whole) - gemm_flops(desc) == pytest.approx(counted[0][0] - counted[1][0])

@@ -102,6 +102,8 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     output element, a kernel); a linear layer whose weight is frozen keeps no input (torch's addmm and mm save their
     input for the weight's gradient alone: saved-tensor hooks, torch 2.14), where a convolution keeps it all the
     same."""
+    if node.op == "attention":
+        return _frozen_attention(cost, node) if split.whole else cost
     if node.op not in _GRADIENTS_APART or node.attrs.get("fixed"):
         return cost
     flops, kernels, saved = cost.flops_bwd, cost.kernels_bwd, list(cost.saved)
@@ -116,3 +118,17 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
         flops -= outputs
         kernels -= 1
     return replace(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved)
+
+
+def _frozen_attention(cost: OpCost, node: Node) -> OpCost:
+    """``cost`` of an ``nn.MultiheadAttention`` frozen whole (``formulas._attention``): no weight gradient of its two
+    projections (``4 L E^2`` MACs, two GEMMs) nor bias gradient (``4 L E`` adds, two reductions); its input projection
+    keeps nothing and copies nothing forward (torch's matmul folds no transposed input into rows where the weight
+    needs no gradient: a ``bmm`` of the weight expanded in place of the copy and ``mm``), as torch 2.14 runs it."""
+    e = int(node.attrs["embed_dim"])
+    tokens = numel(node.output_shape) // e
+    bias = bool(node.attrs["bias"])
+    flops = 8.0 * tokens * e * e + (4.0 * tokens * e if bias else 0.0)
+    return replace(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
+                   kernels_bwd=max(cost.kernels_bwd - (4 if bias else 2), 0), kernels_fwd=cost.kernels_fwd - 1,
+                   saved=[])

@@ -211,10 +211,11 @@ def _bias_rows(r: _Rows, a: dict, outputs: float, b_out: float, frozen: FrozenSp
             r.other(BANDWIDTH, outputs, b_out, int(a["out_channels"]) * BYTES_PER_ELEMENT, True)
 
 
-def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bool) -> None:
+def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bool, weights: bool = True) -> None:
     """An attention's GEMMs over ``tokens`` of width ``e`` in ``h`` heads, each attending to ``keys`` of them: the
     input projection to queries, keys and values (no input gradient for the network input, ``first``) and the
-    output projection, then the scores and the weighted sum; each with its backward ones."""
+    output projection, then the scores and the weighted sum; each with its backward ones (the projections' weight
+    gradients where ``weights``: not frozen)."""
     d = e // h
     b_io = 2 * tokens * e * BYTES_PER_ELEMENT
     w = 4 * e * e * BYTES_PER_ELEMENT
@@ -223,19 +224,20 @@ def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bo
         r.gemm(m, n, k, 0, b_io, fixed)
         if grad_in:
             r.gemm(m, k, n, 0, b_io, fixed, True)
-        r.gemm(n, k, m, 2, b_io, fixed, True)
+        if weights:
+            r.gemm(n, k, m, 2, b_io, fixed, True)
     for i in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
         r.gemm(h * tokens, keys, d, 0, scores, 0.0, i > 0)
         r.gemm(h * tokens, d, keys, 0, scores, 0.0, i > 0)
 
 
-def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: FrozenSplit | None = None) -> None:
     """Self-attention as its GEMMs (the input projection to queries, keys and values, the scores, the weighted sum,
     the output projection; each with its backward ones) and its softmax (bandwidth-bound)."""
     e, h = int(node.attrs["embed_dim"]), int(node.attrs["num_heads"])
     tokens = numel(node.output_shape) // e
     scores = h * tokens * tokens * BYTES_PER_ELEMENT
-    _attention_gemms(r, tokens, tokens, e, h, first)
+    _attention_gemms(r, tokens, tokens, e, h, first, frozen is None or not frozen.whole)
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 2 * scores)  # softmax
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores, bwd=True)  # its backward
 
@@ -546,7 +548,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         elif op == "linear":
             _linear(r, node, ins[0], first, visit.frozen)
         elif op == "attention":
-            _attention(r, node, ins[0], first)
+            _attention(r, node, ins[0], first, visit.frozen)
         elif op == "matmul":
             _matrix_product(r, node, ins, [needs_grad[i] and visit.trained for i in node.inputs])
         elif op == "window_attention":
