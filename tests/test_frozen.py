@@ -356,6 +356,7 @@ def test_a_frozen_attention_s_features_leave_its_weight_gradients_out():
     f, w = features_for(network_features(desc), 2), features_for(network_features(whole), 2)
     assert (w["kernels_fwd"] - f["kernels_fwd"], w["kernels_bwd"] - f["kernels_bwd"]) == \
         (counted[0][1] - counted[1][1], counted[0][2] - counted[1][2]) == (1, 4)
+    assert w["saved_bytes"] - f["saved_bytes"] == 4 * 16 * 4 * 2  # the copy of the input the projection kept
 
     def gemm_flops(d):
         kt = kernel_table(d)
