@@ -368,3 +368,35 @@ def test_a_frozen_attention_s_features_leave_its_weight_gradients_out():
     assert counted[0][0] > counted[1][0]  # and the biases' reductions, an add an output element each (4 tokens of 16)
     assert w["flops_bwd"] - f["flops_bwd"] == pytest.approx(counted[0][0] - counted[1][0] + 4 * 4 * 16 * 2)
     assert gemm_flops(whole) - gemm_flops(desc) == pytest.approx(counted[0][0] - counted[1][0])
+
+
+class _Mixer(nn.Module):
+    """A patch conv, then an MLP-Mixer's token mixing: the tokens transposed (a view that does not fold into rows) and
+    a linear layer across them; a mean and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch, self.mix, self.head = nn.Conv2d(3, 16, 4, stride=4), nn.Linear(4, 4), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.patch(x).reshape(x.shape[0], 4, 16)
+        return self.head(self.mix(x.transpose(1, 2)).mean(2))
+
+
+def test_a_linear_layer_of_a_frozen_weight_copies_no_strided_rows():
+    """torch's matmul copies a strided input into rows (and keeps the copy) only where the weight needs a gradient;
+    a frozen weight's is multiplied in place (bmm of the weight expanded), nothing copied or kept. The features
+    counted the copy whatever was frozen: one kernel forward and its bytes kept, where torch runs and keeps neither."""
+    torch.manual_seed(0)
+    net = _Mixer()
+    whole = describe(net, [3, 8, 8], "mixer")
+    ran = [_dispatched(net, 2)]
+    net.mix.weight.requires_grad_(False)
+    ran.append(_dispatched(net, 2))
+    desc = describe(net, [3, 8, 8], "mixer_frozen")
+    assert desc.extra["frozen_parameters"] == ["mix.weight"]
+    w, f = features_for(network_features(whole), 2), features_for(network_features(desc), 2)
+    assert "aten.clone.default" in ran[0][0] and "aten.clone.default" not in ran[1][0]
+    assert w["kernels_fwd"] - f["kernels_fwd"] == len(ran[0][0]) - len(ran[1][0]) == 1
+    assert w["kernels_bwd"] - f["kernels_bwd"] == len(ran[0][1]) - len(ran[1][1]) == 1  # the weight's gradient
+    assert w["saved_bytes"] - f["saved_bytes"] == 4 * 16 * 4 * 2  # the copy of the rows kept

@@ -92,7 +92,8 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         handler = HANDLERS.get(node.op)
         on_copy = bool(node.attrs.get("on_copy"))
         cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first), on_copy=on_copy)
-        copies = _input_copies(node, runtime, nodes, base, shapes, fed)
+        split = frozen_split(node, frozen.get(node.attrs.get(SHARES, node.name))) if frozen else None
+        copies = _input_copies(node, runtime, nodes, base, shapes, fed, split is not None and split.weight)
         for _ in range(copies if cost is not None else 0):  # after the runtime's rules (which read the op's bytes)
             cost = copied_first(cost, in_shapes[0])
         copied = _matmul_copies(node, nodes, base, shapes) if cost is not None and node.op == "matmul" else ()
@@ -101,7 +102,6 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         all_kernels_bwd = 0 if cost is None else cost.kernels_bwd
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
-        split = frozen_split(node, frozen.get(node.attrs.get(SHARES, node.name))) if frozen else None
         if cost is not None and split is not None:  # its frozen parameters' gradients not computed
             cost = frozen_cost(cost, node, split)
         trainable = cost is None or cost.params > (split.params if split is not None else 0)
@@ -118,13 +118,14 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
 
 
 def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
-                  shapes: dict[str, list[int]], fed: bool) -> int:
+                  shapes: dict[str, list[int]], fed: bool, frozen_weight: bool = False) -> int:
     """Copies of its first input ``node`` makes before it runs (:attr:`Visit.input_copies`; ``nodes``, ``base`` and
     ``shapes``: the walk's so far). An in-place activation's clone is autograd's, made only where its input needs a
     gradient (``fed``; none for the network input or what parameter-free ops made of it alone: a dispatch log of
-    torch 2.14)."""
+    torch 2.14). A linear layer of a frozen weight (``frozen_weight``) copies no rows: torch's matmul folds a strided
+    input into rows only where the weight needs a gradient (a bmm of the weight expanded else)."""
     on_copy = bool(node.attrs.get("on_copy"))
-    rows = node.op == "linear" and rows_copied(nodes, node.inputs[0], base, shapes)
+    rows = node.op == "linear" and not frozen_weight and rows_copied(nodes, node.inputs[0], base, shapes)
     clone = fed and runtime.clones_input(node.op, on_copy or bool(node.attrs.get("inplace")))
     return int(on_copy) + int(rows) + int(clone)
 
