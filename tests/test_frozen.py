@@ -400,3 +400,50 @@ def test_a_linear_layer_of_a_frozen_weight_copies_no_strided_rows():
     assert w["kernels_fwd"] - f["kernels_fwd"] == len(ran[0][0]) - len(ran[1][0]) == 1
     assert w["kernels_bwd"] - f["kernels_bwd"] == len(ran[0][1]) - len(ran[1][1]) == 1  # the weight's gradient
     assert w["saved_bytes"] - f["saved_bytes"] == 4 * 16 * 4 * 2  # the copy of the rows kept
+
+
+class _Normed(nn.Module):
+    """A conv, a weight-normed or spectral-normed conv (torch's parametrization), a head."""
+
+    def __init__(self, norm: str) -> None:
+        super().__init__()
+        self.a, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+        self.b = getattr(nn.utils.parametrizations, norm)(nn.Conv2d(8, 8, 3, padding=1))
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.b(torch.relu(self.a(x)))).mean((2, 3)))
+
+
+def _kept_bytes(net: nn.Module, batch: int) -> int:
+    """The bytes of the tensors (parameters aside) autograd keeps for ``net``'s backward at ``batch``."""
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if not isinstance(t, nn.Parameter):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(torch.randn(batch, 3, 8, 8))
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("norm", ("weight_norm", "spectral_norm"))
+def test_a_normed_layer_frozen_whole_runs_no_backward_of_its_norm(norm):
+    """A weight-normed or spectral-normed layer frozen whole (its input needing a gradient) computes its input's
+    gradient alone: torch runs no backward of the norm (one kernel fewer, nine for a spectral norm) and keeps none of
+    what the norm kept (the norm per output channel; u, v and sigma), the weight it computes kept by the layer all the
+    same; the features counted the norm's backward and what it keeps whatever was frozen."""
+    torch.manual_seed(0)
+    net = _Normed(norm)
+    whole = describe(net, [3, 8, 8], f"{norm}_whole")
+    ran, kept = [_dispatched(net, 2)], [2 * _kept_bytes(net, 1) - _kept_bytes(net, 2)]  # kept once a batch
+    net.b.requires_grad_(False)
+    ran.append(_dispatched(net, 2))
+    kept.append(2 * _kept_bytes(net, 1) - _kept_bytes(net, 2))
+    desc = describe(net, [3, 8, 8], f"{norm}_frozen")
+    assert desc.extra["frozen_layers"] == ["b"]
+    w, f = network_features(whole), network_features(desc)
+    back = features_for(w, 2)["kernels_bwd"] - features_for(f, 2)["kernels_bwd"]
+    # the conv's weight and bias gradients are kernels of their own here, one call of convolution_backward on a CPU
+    assert back - 2 == len(ran[0][1]) - len(ran[1][1]) == {"weight_norm": 1, "spectral_norm": 9}[norm]
+    assert w.batch_saved_sizes.sum() - f.batch_saved_sizes.sum() == kept[0] - kept[1] > 0

@@ -99,7 +99,9 @@ _GRADIENTS_APART = ("conv2d", "conv_transpose2d", "linear")
 def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     """``cost`` of ``node`` without the backward work of its frozen parameters (``split``):
     a convolution's or a linear layer's weight gradient (2 FLOPs a MAC, a kernel) and bias gradient (an add an
-    output element, a kernel); a linear layer whose weight is frozen keeps no input (torch's addmm and mm save their
+    output element, a kernel), and a weight norm's or spectral norm's backward where the layer is frozen whole
+    (``formulas._weight_normed``, ``_spectral_normed``: what they added, but the weight they compute, which the layer
+    keeps); a linear layer whose weight is frozen keeps no input (torch's addmm and mm save their
     input for the weight's gradient alone: saved-tensor hooks, torch 2.14), where a convolution keeps it all the
     same."""
     if node.op == "attention":
@@ -117,7 +119,14 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     if bias and split.bias:
         flops -= outputs
         kernels -= 1
-    return replace(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved)
+    batch_saved = cost.batch_saved
+    if split.whole and node.attrs.get("weight_norm"):  # its g and v frozen: the norm makes no node (no kernel back,
+        kernels -= 1  # no norm per output channel kept; the weight computed is kept by the layer all the same)
+        batch_saved = batch_saved[:-1]
+    if split.whole and node.attrs.get("spectral_norm"):  # nor does the division by sigma (9 kernels back; u, v and
+        kernels -= 9  # sigma not kept)
+        batch_saved = batch_saved[:-3]
+    return replace(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved, batch_saved=batch_saved)
 
 
 def _frozen_attention(cost: OpCost, node: Node) -> OpCost:

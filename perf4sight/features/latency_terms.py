@@ -131,7 +131,7 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
             if learnt:
                 r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g, True)
     _bias_rows(r, a, hw_out * cout, b_out, frozen)
-    _weight_norm_rows(r, a, w_bytes)
+    _weight_norm_rows(r, a, w_bytes, frozen is None or not frozen.whole)
     if a.get("standardize"):  # its weight standardised once a step: small kernels over the weight, forward and back
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
         for back in (False,) * fwd + (True,) * bwd:
@@ -154,13 +154,14 @@ def _arange_coordinates(r: _Rows, node: Node, kernels: int) -> None:
         r.other(BANDWIDTH, 0.0, hw, hw)
 
 
-def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
+def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float, back: bool = True) -> None:
     """A conv2d's or linear's ``weight_norm``, once a step: its kernel forward (v read, the weight written) and back
     (the weight's gradient and v read, v's gradient written), bandwidth rows over the weight; its ``spectral_norm``'s
-    kernels likewise (formulas._spectral_normed)."""
+    kernels likewise (formulas._spectral_normed); none back where the layer is frozen whole (not ``back``)."""
     if a.get("weight_norm"):
         r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes)
-        r.other(BANDWIDTH, 0.0, 0.0, 3 * w_bytes, True)
+        if back:
+            r.other(BANDWIDTH, 0.0, 0.0, 3 * w_bytes, True)
     if a.get("spectral_norm"):  # the matrix-vector products and the division read the weight; the rest is small
         iterations = int(a.get("spectral_norm_iterations", 1))
         for _ in range(2 * iterations + 1):
@@ -168,8 +169,8 @@ def _weight_norm_rows(r: _Rows, a: dict, w_bytes: float) -> None:
         r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes)
         for _ in range(6 * iterations + 3):
             r.other(BANDWIDTH, 0.0, 0.0, 0.0)
-        for back in range(9):  # 8 of the 9 over the weight (one over u)
-            r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes if back else 0.0, True)
+        for k in range(9 if back else 0):  # 8 of the 9 over the weight (one over u)
+            r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes if k else 0.0, True)
 
 
 def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool,
@@ -305,7 +306,7 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Froz
         r.gemm(fout, fin, rows, 2, b_io, w, True)
     if a.get("bias") and (frozen is None or not frozen.bias):  # the bias's gradient, the incoming one summed down
         r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT, True)
-    _weight_norm_rows(r, a, w)
+    _weight_norm_rows(r, a, w, frozen is None or not frozen.whole)
 
 
 def _matrix_product(r: _Rows, node: Node, in_shapes: list[list[int]], needs: list[bool]) -> None:
