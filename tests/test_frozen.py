@@ -447,3 +447,26 @@ def test_a_normed_layer_frozen_whole_runs_no_backward_of_its_norm(norm):
     # the conv's weight and bias gradients are kernels of their own here, one call of convolution_backward on a CPU
     assert back - 2 == len(ran[0][1]) - len(ran[1][1]) == {"weight_norm": 1, "spectral_norm": 9}[norm]
     assert w.batch_saved_sizes.sum() - f.batch_saved_sizes.sum() == kept[0] - kept[1] > 0
+
+
+@pytest.mark.parametrize("v2", (False, True))
+def test_a_swin_s_frozen_window_attentions_are_named_and_rebuilt_frozen(v2):
+    """torchvision's Swin calls ``shifted_window_attention``, a function, with its layer's tensors: a Swin fine-tuned
+    by its head counted their parameters frozen (``frozen_params``) but named none of them, so the rebuilt module
+    (the profile's step) and the prediction trained them. Its window attentions are now named frozen whole (the layer
+    that makes the call has all its parameters frozen)."""
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+
+    from perf4sight.ir.to_torch import build_module
+    torch.manual_seed(0)
+    parts = {"block": SwinTransformerBlockV2, "downsample_layer": PatchMergingV2} if v2 else {}
+    net = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [4, 4], num_classes=10, **parts)
+    net.features.requires_grad_(False)
+    desc = describe(net, [3, 32, 32], "small_swin")
+    windows = [n.name for n in desc.nodes if n.op == "window_attention"]
+    assert len(windows) == 4 and set(windows) <= set(desc.extra["frozen_layers"])
+    frozen = sum(p.numel() for p in net.parameters() if not p.requires_grad)
+    rebuilt = build_module(desc, device="meta")
+    assert sum(p.numel() for p in rebuilt.parameters() if not p.requires_grad) == frozen == desc.extra["frozen_params"]
+    trained = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    assert network_features(desc).static[TRAINED_PARAM_BYTES] == 4 * trained

@@ -387,12 +387,29 @@ def _frozen_layers(module: nn.Module, gm: fx.GraphModule, desc: NetworkDescripti
     """The nodes of ``desc`` that call a layer of ``module`` whose parameters are all frozen (``requires_grad``
     False), in the description's order; a layer partly frozen, or a frozen weight read by a function, is not one."""
     modules = dict(module.named_modules())
+    windowed = {n.name for n in desc.nodes if n.op == "window_attention"}
     frozen = set()
     for n in gm.graph.nodes:
         params = list(modules[n.target].parameters()) if n.op == "call_module" and n.target in modules else []
+        if n.name in windowed:  # torchvision's shifted_window_attention, a function its layer calls with its tensors
+            params = list(_calling_layer(module, n).parameters())
         if params and not any(p.requires_grad for p in params):
             frozen.add(n.name)
     return [n.name for n in desc.nodes if n.name in frozen and node_params(n)]
+
+
+def _calling_layer(module: nn.Module, n: fx.Node) -> nn.Module:
+    """The innermost layer of ``module`` whose forward made the call ``n`` (the trace's module stack; ``module``
+    itself where the stack is empty)."""
+    stack = n.meta.get("nn_module_stack") or {}
+    if not stack:
+        return module
+    key, value = list(stack.items())[-1]
+    path = value[0] if isinstance(value, tuple) else key
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return module
 
 
 def _frozen_parameters(module: nn.Module, gm: fx.GraphModule, desc: NetworkDescription, layers: list[str]
