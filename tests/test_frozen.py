@@ -470,3 +470,17 @@ def test_a_swin_s_frozen_window_attentions_are_named_and_rebuilt_frozen(v2):
     assert sum(p.numel() for p in rebuilt.parameters() if not p.requires_grad) == frozen == desc.extra["frozen_params"]
     trained = sum(p.numel() for p in net.parameters() if p.requires_grad)
     assert network_features(desc).static[TRAINED_PARAM_BYTES] == 4 * trained
+
+
+@pytest.mark.parametrize("kind", ("features", "middle"))
+def test_a_swin_s_frozen_window_attentions_are_written_down(kind):
+    """A Swin (V1 blocks) with its features frozen, or one stage of them (its attentions' input then needs a
+    gradient), is written down by the allocation model with the meta trace's events, where it took the trace."""
+    from torchvision.models.swin_transformer import SwinTransformer
+    torch.manual_seed(0)
+    net = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [4, 4], num_classes=10)
+    (net.features if kind == "features" else net.features[1]).requires_grad_(False)
+    desc = describe(net, [3, 32, 32], f"small_swin_{kind}")
+    assert record_runs(desc, (2,), steps=2, model_only=True) is not None
+    model, traced = record_events(desc, 2, steps=2, method="model"), record_events(desc, 2, steps=2, method="trace")
+    assert len(model) > 500 and _as_replayed(model) == _as_replayed(traced)

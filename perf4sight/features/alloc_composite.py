@@ -158,7 +158,7 @@ class _Composite:
         node = Node(name, "matmul", [f"{name}.a", f"{name}.b"], {}, list(shape[1:]))
         sub = _OpContext(node, [a.value, b.value], [list(a.shape[1:]), list(b.shape[1:])], a.shape[0], self.mem,
                          self.ctx.fns, self.ctx.first_param, a.value, prod(shape) * FLOAT, a.shape, shape,
-                         self.ctx.relu6_clone)
+                         self.ctx.relu6_clone, frozen=self.ctx.frozen)
         return _Tensor(_matrix_product(sub), shape)
 
     def linear(self, t: _Tensor, out_features: int, bias: bool, p0: int,
@@ -169,7 +169,7 @@ class _Composite:
         node = Node(self.ctx.node.name, "linear", [self.ctx.node.name],
                     {"in_features": t.shape[-1], "out_features": out_features, "bias": bias}, list(shape[1:]))
         sub = _OpContext(node, [t.value], [list(t.shape[1:])], t.shape[0], self.mem, self.ctx.fns, p0, t.value,
-                         prod(shape) * FLOAT, t.shape, shape, self.ctx.relu6_clone)
+                         prod(shape) * FLOAT, t.shape, shape, self.ctx.relu6_clone, frozen=self.ctx.frozen)
         pbytes, _ = _params(node)
         pedges = [("param", p0 + k) for k in range(len(pbytes))]
         if bias_edge is not None:

@@ -294,9 +294,9 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
 #: The ops whose frozen parameters (``frozen.py``) the model writes down (each checked against the meta trace); any
 #: other's go to the trace.
 _FROZEN_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "linear", "layernorm", "groupnorm", "rmsnorm", "scale",
-               "shift", "token", "attention")
+               "shift", "token", "attention", "window_attention")
 #: Of those, the ops frozen whole alone (their parameters are not a weight and a bias).
-_FROZEN_WHOLE = ("attention",)
+_FROZEN_WHOLE = ("attention", "window_attention")
 
 
 def _frozen_indices(desc: NetworkDescription, first_param: dict[str, int]) -> frozenset[int]:
