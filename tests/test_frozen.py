@@ -314,8 +314,9 @@ def test_a_frozen_attention_is_written_down(kind):
     assert len(model) > 100 and _as_replayed(model) == _as_replayed(traced)
 
 
-def _dispatched(net: nn.Module, batch: int) -> tuple[list[str], list[str]]:
-    """The aten kernels (views left out) torch runs for ``net``'s forward and its backward at ``batch``."""
+def _dispatched(net: nn.Module, batch: int, shape: tuple[int, ...] = (3, 8, 8)) -> tuple[list[str], list[str]]:
+    """The aten kernels (views left out) torch runs for ``net``'s forward and its backward at ``batch`` of
+    ``shape``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _Ops(TorchDispatchMode):
@@ -330,7 +331,7 @@ def _dispatched(net: nn.Module, batch: int) -> tuple[list[str], list[str]]:
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
-    x = torch.randn(batch, 3, 8, 8)
+    x = torch.randn(batch, *shape)
     with _Ops() as fwd:
         out = net(x)
     with _Ops() as bwd:
@@ -484,3 +485,32 @@ def test_a_swin_s_frozen_window_attentions_are_written_down(kind):
     assert record_runs(desc, (2,), steps=2, model_only=True) is not None
     model, traced = record_events(desc, 2, steps=2, method="model"), record_events(desc, 2, steps=2, method="trace")
     assert len(model) > 500 and _as_replayed(model) == _as_replayed(traced)
+
+
+def test_a_swin_stage_frozen_computes_its_input_gradients_alone():
+    """A Swin stage frozen whole, its input needing a gradient: its window attentions run no weight, bias or table
+    gradient and their projections keep no input, as torch runs them; the features' backward kernels and kept bytes
+    fall by what torch's dispatched kernels and saved-tensor hooks do."""
+    from torchvision.models.swin_transformer import SwinTransformer
+    torch.manual_seed(0)
+    net = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [4, 4], num_classes=10)
+    whole = describe(net, [3, 32, 32], "small_swin")
+
+    def ran(batch):
+        kept: dict[int, int] = {}
+
+        def pack(t):
+            if not isinstance(t, nn.Parameter):
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            net(torch.randn(batch, 3, 32, 32))
+        return sum(kept.values())
+    before = (len(_dispatched(net, 2, (3, 32, 32))[1]), ran(2) - ran(1))
+    net.features[1].requires_grad_(False)
+    after = (len(_dispatched(net, 2, (3, 32, 32))[1]), ran(2) - ran(1))
+    desc = describe(net, [3, 32, 32], "small_swin_frozen")
+    w, f = features_for(network_features(whole), 2), features_for(network_features(desc), 2)
+    assert w["kernels_bwd"] - f["kernels_bwd"] == before[0] - after[0] == 22  # 2 x 7 of the attentions, 4 x 2 linear
+    assert w["saved_bytes"] - f["saved_bytes"] == 2 * (before[1] - after[1])
+

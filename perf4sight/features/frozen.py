@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from perf4sight.features.formulas import OpCost, numel
+from perf4sight.features.formulas import OpCost, numel, window_geometry
 from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter,
                                   node_params)
 
@@ -106,6 +106,8 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     same."""
     if node.op == "attention":
         return _frozen_attention(cost, node) if split.whole else cost
+    if node.op == "window_attention":
+        return _frozen_window_attention(cost, node) if split.whole else cost
     if node.op not in _GRADIENTS_APART or node.attrs.get("fixed"):
         return cost
     flops, kernels, saved = cost.flops_bwd, cost.kernels_bwd, list(cost.saved)
@@ -141,3 +143,18 @@ def _frozen_attention(cost: OpCost, node: Node) -> OpCost:
     return replace(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
                    kernels_bwd=max(cost.kernels_bwd - (4 if bias else 2), 0), kernels_fwd=cost.kernels_fwd - 1,
                    saved=[])
+
+
+def _frozen_window_attention(cost: OpCost, node: Node) -> OpCost:
+    """``cost`` of a Swin's window attention frozen whole (``formulas._window_attention``), of a table of biases (a
+    V2's cosine scores and bias MLP are left as they are): no weight gradient of its two projections (``4 T E^2``
+    MACs, two GEMMs), no bias gradient (``4 T E`` adds, two reductions), no gradient of the table (the biases summed
+    over the windows, zeros and an index_put: three kernels), and neither projection keeps its input (``2 T E``
+    elements), as torch 2.14 runs it on a CPU (a dispatch log, saved-tensor hooks)."""
+    if node.attrs.get("cosine") or node.attrs.get("position_bias_mlp"):
+        return cost
+    tokens, _, e, _, _ = window_geometry(node)
+    flops = 8.0 * tokens * e * e + (4.0 * tokens * e if node.attrs["bias"] else 0.0)
+    return replace(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
+                   kernels_bwd=max(cost.kernels_bwd - (7 if node.attrs["bias"] else 5), 0),
+                   extra_saved_bytes=max(cost.extra_saved_bytes - 2.0 * tokens * e * 4, 0.0))
