@@ -506,11 +506,26 @@ def test_a_swin_stage_frozen_computes_its_input_gradients_alone():
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             net(torch.randn(batch, 3, 32, 32))
         return sum(kept.values())
-    before = (len(_dispatched(net, 2, (3, 32, 32))[1]), ran(2) - ran(1))
+    def flops():
+        with FlopCounterMode(display=False) as counter:
+            net(torch.randn(2, 3, 32, 32)).sum().backward()
+        return counter.get_total_flops()
+    before = (len(_dispatched(net, 2, (3, 32, 32))[1]), ran(2) - ran(1), flops())
     net.features[1].requires_grad_(False)
-    after = (len(_dispatched(net, 2, (3, 32, 32))[1]), ran(2) - ran(1))
+    after = (len(_dispatched(net, 2, (3, 32, 32))[1]), ran(2) - ran(1), flops())
     desc = describe(net, [3, 32, 32], "small_swin_frozen")
     w, f = features_for(network_features(whole), 2), features_for(network_features(desc), 2)
     assert w["kernels_bwd"] - f["kernels_bwd"] == before[0] - after[0] == 22  # 2 x 7 of the attentions, 4 x 2 linear
     assert w["saved_bytes"] - f["saved_bytes"] == 2 * (before[1] - after[1])
+    assert _gemm_flops(whole, 2) - _gemm_flops(desc, 2) == pytest.approx(before[2] - after[2])  # the kernel table's
+
+
+def _gemm_flops(desc, batch: int) -> float:
+    """The FLOPs of the GEMMs of ``desc``'s kernel table at ``batch``."""
+    kt = kernel_table(desc)
+    gemm = kt.kind == GEMM
+    dims = kt.dims[gemm].copy()
+    rows = kt.batch_dim[gemm]
+    dims[rows >= 0, rows[rows >= 0]] *= batch
+    return 2 * dims.prod(axis=1).sum()
 

@@ -243,17 +243,19 @@ def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: F
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores, bwd=True)  # its backward
 
 
-def _window_attention(r: _Rows, node: Node) -> None:
+def _window_attention(r: _Rows, node: Node, frozen: FrozenSplit | None = None) -> None:
     """Self-attention within windows as torchvision runs it: the map padded (a copy), rolled (shifted windows) and
     cut into windows (a copy), the projections' GEMMs over the ``T`` padded positions, the scores and weighted sum
     per window and head, the queries scaled (Swin V2: the queries and keys normalised, the scores scaled), the
     relative position bias (and the shifted windows' mask) added, the softmax, and every copy again on the way back;
     each with its backward kernels. Swin V2's position-bias MLP runs once a step on a few hundred positions: left
-    out."""
+    out. One of a table frozen whole (``frozen``): no weight gradients, nor the bias's summed
+    (frozen._frozen_window_attention)."""
     tokens, n, e, h, shifted = window_geometry(node)
     b_io = 2 * tokens * e * BYTES_PER_ELEMENT
     scores = h * tokens * n * BYTES_PER_ELEMENT
-    _attention_gemms(r, tokens, n, e, h, False)
+    learnt = frozen is None or not frozen.whole or bool(node.attrs.get("cosine") or node.attrs.get("position_bias_mlp"))
+    _attention_gemms(r, tokens, n, e, h, False, learnt)
     copies = 5 + (2 if shifted else 0)  # pad, windows, heads back together, windows back, crop; two rolls
     for i in range(2 * copies):  # forward, and each one's backward
         r.other(BANDWIDTH, 0.0, b_io, bwd=i % 2 == 1)
@@ -268,7 +270,8 @@ def _window_attention(r: _Rows, node: Node) -> None:
         r.other(BANDWIDTH, tokens * e, b_io, bwd=True)
     for _ in range(2 if shifted else 1):  # the bias (and mask) added; backward, the bias's gradient summed
         r.other(BANDWIDTH, h * tokens * n, 3 * scores)
-    r.other(BANDWIDTH, h * tokens * n, scores, bwd=True)
+    if learnt:
+        r.other(BANDWIDTH, h * tokens * n, scores, bwd=True)
     r.other(BANDWIDTH, 5.0 * h * tokens * n, 2 * scores)  # softmax
     r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores, bwd=True)  # its backward
 
@@ -553,7 +556,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         elif op == "matmul":
             _matrix_product(r, node, ins, [needs_grad[i] and visit.trained for i in node.inputs])
         elif op == "window_attention":
-            _window_attention(r, node)
+            _window_attention(r, node, visit.frozen)
         elif op == "group_attention":
             _group_attention(r, node, first)
         elif op == "linspace" and node.attrs.get("made") in ("arange", "arange_grid"):
