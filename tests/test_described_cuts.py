@@ -88,12 +88,19 @@ def _prelu() -> nn.Module:
     return net
 
 
-@pytest.mark.parametrize("make, fast", [(_plain, True), (_Doubled, False), (_grouped, False), (_frozen, False),
-                                        (_prelu, False)])
+def _softmax() -> nn.Module:
+    net = _plain()
+    net[2] = nn.Softmax(1)
+    return net
+
+
+@pytest.mark.parametrize("make, fast", [(_plain, True), (_prelu, True), (_Doubled, False), (_grouped, False),
+                                        (_frozen, False), (_softmax, False)])
 def test_a_cut_is_described_from_the_unpruned_description_only_where_it_alone_says_it(make, fast, monkeypatch):
-    """torch's own layers in a Sequential: described so. A model of the user's own code (its forward may read a
-    channel count), a grouped convolution, a frozen layer, a PReLU's slopes (a layer this does not cut): None, and a
-    cut copy is described instead; either way the description is the cut copy's."""
+    """torch's own layers in a Sequential (a PReLU's slopes a channel each, cut with them): described so. A model of
+    the user's own code (its forward may read a channel count), a grouped convolution, a frozen layer, a softmax over
+    the channels (an op this does not follow): None, and a cut copy is described instead; either way the description
+    is the cut copy's."""
     src = Source("net", "own", make)
     plan = PruningPlan(make(), SHAPE, "l1-norm", 2, 0, "net")
     level = plan._level(plan._counts(len(plan._event_group) // 2))  # one its pruning steps reach
@@ -133,6 +140,42 @@ def test_a_cut_of_weight_normed_and_spectral_normed_layers_is_described_from_the
         traced = describe(plan.prune(level).module, SHAPE, name="net")
         assert cut is not None and cut.params == traced.params == plan.p0 - plan._fast_count(list(counts))
         assert [n.to_dict() for n in cut.nodes] == [n.to_dict() for n in traced.nodes]
+
+def _activations_and_norms() -> nn.Module:
+    """torch's other elementwise layers and norms, each where a pruned network has it: after a layer whose channels
+    are cut."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.Tanh(), nn.Conv2d(16, 32, 3), nn.GroupNorm(4, 32), nn.GELU(),
+        nn.Dropout2d(0.1), nn.Conv2d(32, 32, 3), nn.InstanceNorm2d(32, affine=True), nn.LeakyReLU(0.1),
+        nn.Conv2d(32, 24, 1), nn.PReLU(24), nn.ELU(), nn.Hardtanh(), nn.Mish(), nn.Softplus(), nn.SELU(),
+        nn.Conv2d(24, 24, 1), nn.PReLU(), nn.Softsign(), nn.CELU(), nn.Hardshrink(), nn.Softshrink(), nn.Tanhshrink(),
+        nn.LogSigmoid(), nn.AlphaDropout(0.1), nn.FeatureAlphaDropout(0.1), nn.RReLU(), nn.Threshold(0.1, 0.0),
+        nn.GELU("tanh"), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(24, 40), nn.BatchNorm1d(40), nn.ReLU(),
+        nn.Dropout(0.2), nn.Linear(40, 10))
+
+
+def test_elementwise_layers_and_norms_are_cut_from_the_unpruned_description(monkeypatch):
+    """Tanh, GELU (both approximations), LeakyReLU, ELU, SELU, CELU, Hardtanh, Mish, Softplus, the shrinks, Softsign
+    (abs, add of a number, div), Tanhshrink, LogSigmoid, RReLU, Threshold, Dropout2d, AlphaDropout, a group norm, an
+    affine instance norm, a PReLU of a slope a channel and one of a single slope, BatchNorm1d of a head: every level
+    is described from the unpruned description (each fell back to a cut copy before), byte for byte the cut copy's,
+    the norms' and PReLU's channel counts cut."""
+    torch.manual_seed(0)
+    src = Source("an", "own", _activations_and_norms)
+    plan = PruningPlan(_activations_and_norms(), SHAPE, "l1-norm", 2, 0, "an")
+    steps = len(plan._event_group)
+    levels = [plan._level(plan._counts(k)) for k in (steps // 5, steps // 2, 4 * steps // 5)]
+    cuts = [described_cuts.described_cut(plan, plan.counts_at(lvl), SHAPE) for lvl in levels]
+    assert all(cuts)
+    skipped: list[str] = []
+    fast = [d.to_json() for d in prune_source(src, SHAPE, levels, "l1-norm", 2, 0, skipped=skipped, plan=plan)]
+    monkeypatch.setattr(described_cuts, "described_cut", lambda *args: None)
+    slow = prune_source(src, SHAPE, levels, "l1-norm", 2, 0, skipped=skipped, plan=plan)
+    assert fast == [d.to_json() for d in slow] and len(fast) == 3 and not skipped
+    last = slow[-1]
+    assert last.node("_4").attrs["num_channels"] < 32 and last.node("_8").attrs["num_features"] < 32
+    assert last.node("_11").attrs["num_parameters"] < 24 and last.node("_18").attrs["num_parameters"] == 1
+    assert last.node("_33").attrs["num_features"] < 40
 
 
 class _CatOfCat(nn.Module):

@@ -3,20 +3,23 @@
 A pruning plan's cut (:meth:`perf4sight.networks.pruning.PruningPlan.counts_at`) takes channels out of layers and
 nothing else: the network's graph, its ops and every size but the channels' stay. Where the unpruned network's
 description holds only ops whose channel counts the description alone determines (a convolution, plain or depthwise,
-a batch norm and a linear layer, whose counts the cut sets; activations, dropout, pooling, a mean over the map, a
-flatten, an addition or product of two maps, a concatenation of channels, whose output channels follow from their
-inputs'), the level's description is the unpruned one with those counts changed: what :func:`describe` gives of the
-cut copy, at a hundredth of the cost (a cut copy and its trace took 50 ms a level for resnet18 at 224x224 and 230 ms
-for mobilenet_v2 on a 2-core host; ``--prune-to-fit`` asks up to 100 levels of each network).
+a batch norm (BatchNorm1d's too), a group or affine instance norm, a PReLU and a linear layer, whose counts the cut
+sets; elementwise activations, dropout (Dropout2d, AlphaDropout too), pooling, a mean over the map, a flatten, a sum,
+product, quotient, maximum or minimum of two maps or of a map and a number, a concatenation of channels, whose output
+channels follow from their inputs'), the level's description is the unpruned one with those counts changed: what
+:func:`describe` gives of the cut copy, at a hundredth of the cost (a cut copy and its trace took 50 ms a level for
+resnet18 at 224x224 and 230 ms for mobilenet_v2 on a 2-core host; ``--prune-to-fit`` asks up to 100 levels of each
+network).
 
 Made here only where every check passes, else None (the caller then cuts a copy and describes it, as before):
 
 - every layer of the network is torch's or torchvision's (their forwards do not branch on channel counts, so the cut
   network traces to the same graph; a model of the user's own code might), and every layer with weights is called
-  once, by a node of the description (a convolution, batch norm or linear layer, of torch's own class; a convolution
+  once, by a node of the description (a convolution, norm, PReLU or linear layer, of torch's own class; a convolution
   or linear layer of weight_norm or spectral_norm, either form, too);
-- the plan cuts only those layers, with torch-pruning's own cuts of them (a convolution's, a depthwise one's, a batch
-  norm's, a linear layer's), and every parameter the network has is read (none left out of the count);
+- the plan cuts only those layers, with torch-pruning's own cuts of them (a convolution's, a depthwise one's, a
+  norm's, a PReLU's, a linear layer's) or this tool's cut of a weight-normed one, and every parameter the network has
+  is read (none left out of the count);
 - at each node the channels a layer's cut leaves are the ones its input brings (a cut that would not run is left
   to the copy, which fails as it did), and the parameters of the description made are those the plan counts.
 """
@@ -32,35 +35,50 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from perf4sight.ir.from_torch import described_with_calls
-from perf4sight.ir.schema import NetworkDescription, Node, count_params, node_params
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node, count_params, known_attrs, node_params
 from perf4sight.ir.shapes import broadcast
 from perf4sight.networks import prune_plan as pp
 from perf4sight.networks.prune_plan import removal
 
 __all__ = ["DescribedCut", "described_cut"]
 
+#: elementwise ops of one input: none of their attributes depends on the channel count
+_ELEMENTWISE = ("relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid", "identity", "gelu", "tanh",
+                "leaky_relu", "elu", "selu", "celu", "hardtanh", "mish", "softplus", "log_sigmoid", "hardshrink",
+                "softshrink", "threshold", "rrelu", "abs", "exp", "log", "pow", "dropout", "dropout2d", "alpha_dropout")
 #: ops whose output has its input's channels (dimension 0 of the sample's shape) and its other sizes from the
 #: unpruned description, by the attributes they may have (none depends on the channel count)
 _FOLLOWING = {
-    **{op: {"inplace"} for op in ("relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid", "identity")},
-    "dropout": {"p", "inplace"},
+    **{op: set(known_attrs(op)) - {SHARES} for op in _ELEMENTWISE},
     **{op: {"kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "divisor_override",
             "output_size"} for op in ("maxpool2d", "avgpool2d", "adaptiveavgpool2d", "adaptivemaxpool2d")},
     "mean": {"dims", "keepdim"},
 }
+#: ops of two inputs broadcast together (add and mul also of one input and a number, ``scalar``: elementwise)
+_BROADCAST = ("add", "mul", "div", "maximum", "minimum")
 #: a conv2d's or linear's weight_norm or spectral_norm (over dim 0: cut by ``prune_plan._normed_cut``)
 _NORMED = {"weight_norm", "spectral_norm", "spectral_norm_iterations", "spectral_norm_eps"}
 _CONV = {"in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"} | _NORMED
 _BN = {"num_features", "eps", "affine", "track_running_stats", "momentum"}
 _LINEAR = {"in_features", "out_features", "bias"} | _NORMED
-#: description op -> the layer class that makes it, and the attributes its node may have
-_LAYERS = {"conv2d": (nn.Conv2d, _CONV), "batchnorm2d": (nn.BatchNorm2d, _BN), "linear": (nn.Linear, _LINEAR)}
+#: norm op -> its channel count's attr (a norm's channels are its input's; its cut takes both sides at once)
+_NORMS = {"batchnorm2d": "num_features", "groupnorm": "num_channels", "instancenorm": "num_features",
+          "prelu": "num_parameters"}
+#: description op -> the layer classes that make it, and the attributes its node may have (a batchnorm2d node is
+#: BatchNorm1d's too, of a [C] or [C, L] input; an instance norm's running statistics torch-pruning does not cut)
+_LAYERS = {"conv2d": ((nn.Conv2d,), _CONV), "batchnorm2d": ((nn.BatchNorm2d, nn.BatchNorm1d), _BN),
+           "linear": ((nn.Linear,), _LINEAR), "groupnorm": ((nn.GroupNorm,), {"num_groups", "num_channels", "affine",
+                                                                               "eps"}),
+           "instancenorm": ((nn.InstanceNorm2d,), {"num_features", "affine", "eps"}),
+           "prelu": ((nn.PReLU,), {"num_parameters"})}
 _F = tp.pruner.function
-#: torch-pruning's cuts this follows: (pruner class, which side of the layer); a batch norm's and a depthwise
-#: convolution's cut both sides at once
+#: torch-pruning's cuts this follows: (pruner class, which side of the layer); a norm's (a batch, group or instance
+#: norm's, a PReLU's slopes) and a depthwise convolution's cut both sides at once
 _CUTS = {(_F.ConvPruner, "prune_out_channels"): "out", (_F.ConvPruner, "prune_in_channels"): "in",
          (_F.LinearPruner, "prune_out_channels"): "out", (_F.LinearPruner, "prune_in_channels"): "in",
-         (_F.BatchnormPruner, "prune_out_channels"): "both", (_F.DepthwiseConvPruner, "prune_out_channels"): "both"}
+         (_F.BatchnormPruner, "prune_out_channels"): "both", (_F.DepthwiseConvPruner, "prune_out_channels"): "both",
+         (_F.GroupNormPruner, "prune_out_channels"): "both", (_F.InstanceNormPruner, "prune_out_channels"): "both",
+         (_F.PReLUPruner, "prune_out_channels"): "both"}
 #: this tool's cuts of a layer of weight_norm or spectral_norm, by side
 _NORMED_CUTS = {pp.prune_out_channels_normed: "out", pp.prune_in_channels_normed: "in",
                 pp.prune_out_channels_depthwise_normed: "both"}
@@ -88,10 +106,10 @@ class _Unpruned:
             if n.op in _LAYERS:
                 kind, keys = _LAYERS[n.op]
                 m = modules.get(calls.get(n.name, ""))
-                if _layer_class(m) is not kind or not set(n.attrs) <= keys or not _same_counts(n, m):
+                if _layer_class(m) not in kind or not set(n.attrs) <= keys or not _same_counts(n, m):
                     return
                 self.layers[n.name] = calls[n.name]
-            elif n.op not in ("input", "flatten", "add", "mul", "cat") and n.op not in _FOLLOWING:
+            elif n.op not in ("input", "flatten", "cat", *_BROADCAST) and n.op not in _FOLLOWING:
                 return
         weighted = {name for name, m in modules.items() if any(True for _ in m.parameters(recurse=False))
                     and not isinstance(m, parametrize.ParametrizationList)}  # a layer's parametrization: the layer's
@@ -115,8 +133,8 @@ def _same_counts(n: Node, m: nn.Module) -> bool:
         depthwise = m.groups == m.in_channels == m.out_channels
         return (m.groups == 1 or depthwise) and (a["in_channels"], a["out_channels"], a["groups"]) == (
             m.in_channels, m.out_channels, m.groups)
-    if isinstance(m, nn.BatchNorm2d):
-        return a["num_features"] == m.num_features
+    if n.op in _NORMS:
+        return a[_NORMS[n.op]] == getattr(m, _NORMS[n.op])
     return (a["in_features"], a["out_features"]) == (m.in_features, m.out_features)
 
 
@@ -196,7 +214,11 @@ def _cut_nodes(unpruned: _Unpruned, removed: dict[str, dict[str, set[int]]]) -> 
                     or attrs.get("end_dim", -1) != -1 or shape != [math.prod(old[n.inputs[0]])]:
                 return None
             shape = [math.prod(ins[0])]
-        elif n.op in ("add", "mul"):
+        elif n.op in ("add", "mul") and len(ins) == 1:  # a number added or multiplied
+            if set(attrs) != {"scalar"} or shape != old[n.inputs[0]]:
+                return None
+            shape = list(ins[0])
+        elif n.op in _BROADCAST:
             if len(ins) != 2 or attrs or broadcast(*[old[i] for i in n.inputs]) != shape:
                 return None
             shape = broadcast(ins[0], ins[1])
@@ -228,14 +250,21 @@ def _layer(n: Node, attrs: dict[str, Any], ins: list[list[int]], cut: dict[str, 
         return None
     shape, channels = list(n.output_shape), ins[0][0] if ins[0] else None
     out_cut, in_cut, both = (len(cut.get(side, ())) for side in ("out", "in", "both"))
-    if n.op == "batchnorm2d" or (n.op == "conv2d" and attrs["groups"] > 1):  # depthwise: in, out and groups at once
-        if out_cut or in_cut or len(ins[0]) != 3:
+    if n.op == "prelu" and attrs["num_parameters"] == 1:  # one slope for every channel: torch-pruning cuts nothing
+        if not ins[0]:
             return None
-        left = (attrs["num_features"] if n.op == "batchnorm2d" else attrs["out_channels"]) - both
-        if left != channels:
+        shape[0] = channels
+        return shape
+    if n.op in _NORMS or (n.op == "conv2d" and attrs["groups"] > 1):  # depthwise: in, out and groups at once
+        if out_cut or in_cut or len(ins[0]) != (3 if n.op in ("conv2d", "instancenorm") else len(shape)) \
+                or not shape:
             return None
-        if n.op == "batchnorm2d":
-            attrs["num_features"] = left
+        key = _NORMS.get(n.op, "out_channels")
+        left = attrs[key] - both
+        if left != channels or (n.op == "groupnorm" and left % attrs["num_groups"]):
+            return None  # a group norm's channels no longer in whole groups: the copy's forward fails, as it did
+        if n.op in _NORMS:
+            attrs[key] = left
         else:
             attrs["in_channels"] = attrs["out_channels"] = attrs["groups"] = left
         shape[0] = left
