@@ -243,3 +243,125 @@ def test_a_tensor_taken_apart_twice_alike_is_rebuilt_as_two_calls(how, gather):
                                                                                        "length": 4, "call": 1}
     with pytest.raises(UserError, match="attr 'call' is for a piece of a split"):
         NetworkDescription.from_dict(d, "x")
+
+
+class _StackedPieces(nn.Module):
+    """A convolution's 16 channels as four pieces of 4 (``[N, 4, 4, H, W]``) taken apart by ``torch.unbind(1)`` (or
+    ``chunk(4, 1)``, pieces of [1, 4, H, W]), then stacked again by ``how``: the tuple itself or a slice of it (what
+    a description can say: a stack of those pieces), or as a list (the spelling described before)."""
+
+    def __init__(self, how: str, chunk: bool = False) -> None:
+        super().__init__()
+        self.how, self.chunk = how, chunk
+        self.c, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(1, 10)
+
+    def forward(self, x):
+        y = self.c(x).reshape(x.shape[0], 4, 4, 8, 8)
+        p = y.chunk(4, 1) if self.chunk else y.unbind(1)
+        s = {"whole at 3": lambda: torch.stack(p, 3), "first two at 1": lambda: torch.stack(p[:2], 1),
+             "reversed at -1": lambda: torch.stack(p[::-1], -1), "odd at 2": lambda: torch.stack(p[1::2], 2),
+             "whole at 2, then the second": lambda: torch.stack(p, 2) + p[1].unsqueeze(2),
+             "listed": lambda: torch.stack([p[0], p[1]], 1), "reversed at 0": lambda: torch.stack(p[::-1])}[self.how]()
+        return self.fc(torch.flatten(torch.sigmoid(s), 1).mean(1, keepdim=True))
+
+
+def _step_ops(model: nn.Module, x: torch.Tensor) -> tuple[list[str], list[str]]:
+    """The aten ops of ``model``'s forward and of its backward of ``x`` (views and empty tensors left out)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    views = {"view", "_unsafe_view", "_reshape_alias", "slice", "select", "unbind", "split", "split_with_sizes",
+             "as_strided", "detach", "alias", "t", "expand", "squeeze", "unsqueeze", "ones_like", "empty_like",
+             "new_empty", "new_empty_strided"}
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name not in views:
+                self.seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as fwd:
+        out = model(x).sum()
+    with Ops() as bwd:
+        out.backward()
+    return fwd.seen, bwd.seen
+
+
+_STACKED = [("whole at 3", False), ("first two at 1", False), ("reversed at -1", False), ("odd at 2", False),
+            ("whole at 2, then the second", False), ("reversed at -1", True), ("first two at 1", True)]
+
+
+@pytest.fixture(scope="module")
+def stacked():
+    return {key: describe(_StackedPieces(*key), SHAPE, "stacked") for key in _STACKED + [("listed", False)]}
+
+
+@pytest.mark.parametrize("how, chunk", _STACKED)
+def test_a_stack_of_an_unbind_s_or_chunk_s_pieces_is_described_as_torch_runs_it(stacked, how, chunk):
+    """``torch.stack(p, 3)``, ``torch.stack(p[:2], 1)``, ``torch.stack(p[::-1], -1)``, ``torch.stack(p[1::2], 2)`` of
+    an unbind's (or a chunk's) tuple ``p`` (and ``p[1]`` read after the stack: the stack's piece, one node) were
+    refused ("a stack of anything but a list of tensors"): they are the
+    pieces taken (selects of ``unbind``, narrows of ``split_sizes``), each unsqueezed, concatenated. The rebuilt module
+    computes the module's outputs and gradients and runs its ops forward and backward (one stack each way: the pieces'
+    gradients stacked, or concatenated, with zeros for the pieces not taken); what it keeps for backward is
+    autograd's; a slice of the first two is described as the list of them is."""
+    from perf4sight.ir.to_torch import build_module
+    from test_features import _autograd_saved_bytes
+
+    module, desc = _StackedPieces(how, chunk), stacked[(how, chunk)]
+    taken = [n.attrs["index"] if n.op == "select" else n.attrs["start"] for n in desc.nodes
+             if n.op in ("select", "narrow")]
+    assert taken == {"whole at 3": [0, 1, 2, 3], "first two at 1": [0, 1], "reversed at -1": [3, 2, 1, 0],
+                     "odd at 2": [1, 3], "whole at 2, then the second": [0, 1, 2, 3]}[how]  # read again: one node
+    assert all(n.attrs.get("unbind") or n.attrs.get("split_sizes") == [1] * 4 for n in desc.nodes
+               if n.op in ("select", "narrow"))
+    rebuilt = build_module(desc)
+    rebuilt.load_state_dict(module.state_dict())
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-6)
+    theirs, mine = _step_ops(module, x), _step_ops(rebuilt, x)
+    stack = theirs[0].index("stack")  # torch's one kernel, a concatenation of the pieces viewed unsqueezed: a cat
+    assert mine == ([*theirs[0][:stack], "cat", *theirs[0][stack + 1:]], theirs[1]) and "stack" not in mine[0]
+    assert theirs[1].count("cat" if chunk else "stack") == 1
+    for a, b in zip(module.parameters(), rebuilt.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)  # the network's, the loss's aside
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    if (how, chunk) == ("first two at 1", False):
+        listed = stacked[("listed", False)]
+        assert [(n.op, n.attrs) for n in desc.nodes] == [(n.op, n.attrs) for n in listed.nodes]
+        assert network_features(listed).static == nf.static
+
+
+def test_the_allocation_model_writes_down_a_stack_of_every_piece_and_leaves_a_slice_to_the_trace(stacked):
+    """A stack of every piece of the unbind (in any order; a piece read again after it): the allocation model's events
+    are the meta trace's and the unfast trace's; a stack of some of them (zeros of the others in torch's backward
+    stack) is left to the trace, whose events are the unfast trace's."""
+    from perf4sight.errors import UserError
+    from perf4sight.features.alloc_trace import record_events
+    from test_allocator import _as_replayed
+
+    for key in (("whole at 3", False), ("reversed at -1", False), ("whole at 2, then the second", False)):
+        desc = stacked[key]
+        model = record_events(desc, 3, steps=2, method="model")
+        assert _as_replayed(model) == _as_replayed(record_events(desc, 3, steps=2, method="trace")) \
+            == _as_replayed(record_events(desc, 3, steps=2, fast=False))
+    part = stacked[("first two at 1", False)]
+    with pytest.raises(UserError, match="does not cover a split whose parts' gradients do not all arrive"):
+        record_events(part, 3, method="model")
+    assert _as_replayed(record_events(part, 3, steps=2)) == _as_replayed(record_events(part, 3, steps=2, fast=False))
+
+
+def test_a_stack_of_an_unbind_s_pieces_along_the_batch_is_refused_in_one_line():
+    """``torch.stack(p[::-1])`` stacks along dimension 0, which puts the pieces before the batch: refused, naming
+    that; a stack of a module's tuple (no pieces a description follows) still says what a stack may take."""
+    from perf4sight.errors import UserError
+
+    with pytest.raises(UserError, match=r"^stacked: cannot describe node stack \(ValueError: a stack along the batch "
+                                        r"dimension \(dim 0\) has no description op\)$"):
+        describe(_StackedPieces("reversed at 0"), SHAPE, "stacked")

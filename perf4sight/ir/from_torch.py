@@ -41,7 +41,7 @@ from perf4sight.ir.torch_calls import (_MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _
                                        _position_bias_mlp)
 from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_for_picks, _padded_first,
                                           _picked_after_a_moved_batch, _pool_part, _sorted_part, _split_piece,
-                                          _with_size_reference)
+                                          _stacked_piece_made, _with_size_reference)
 from perf4sight.ir.torch_checks import (COMPUTED_MASKS, _check_float32, _follow_in_place, _mark_shared_calls,
                                         _fold_module_tensor_casts, _refuse_computed_weights, _refuse_deformable,
                                         _refuse_gradient_hooks, _refuse_other_inputs, _refuse_parametrized_weights,
@@ -672,6 +672,10 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if ordered is not None:
         return ordered
     if n.op == "call_function" and n.target is operator.getitem:
+        stacked = _stacked_piece_made(n, alias)
+        if stacked is not None:  # a piece a stack of the pieces read before: one tensor, one node
+            alias[n.name] = stacked
+            return []
         converted = _getitem(n, alias)
         if converted is not None:
             alias[n.name] = converted.name

@@ -362,19 +362,72 @@ def _stack_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[
         return None
     tensors, dim = _arg(n, 0, "tensors"), _arg(n, 1, "dim", 0)
     out = _shape(n)
-    if not isinstance(tensors, (list, tuple)) or not all(_is_tensor(t) for t in tensors) or out is None:
-        raise ValueError("a stack of anything but a list of tensors has no description op")
+    pieces = _stacked_pieces(tensors)
+    if pieces is None and (not isinstance(tensors, (list, tuple)) or not all(_is_tensor(t) for t in tensors)) \
+            or out is None:
+        raise ValueError("a stack of anything but a list of tensors, or of an unbind's, chunk's or split's pieces "
+                         "(whole or a slice of them), has no description op")
     dim = int(dim) % (len(out) + 1)
     if dim == 0:
         raise ValueError("a stack along the batch dimension (dim 0) has no description op")
-    for t in tensors:
-        _network_tensor(t, alias, "stack")
+    made: list[Node] = []
+    if pieces is None:
+        for t in tensors:
+            _network_tensor(t, alias, "stack")
+        inputs = [alias[t.name] for t in tensors]
+    else:
+        inputs = [_stacked_piece(*piece, alias, made) for piece in pieces]
     taken = {x.name for x in gm.graph.nodes}
     names = iter(name for name in (f"{n.name}_{i}" for i in range(1, 999)) if name not in taken)
-    unsqueezed = [Node(next(names), "unsqueeze", [alias[t.name]], {"dim": dim}, out[:dim - 1] + [1] + out[dim:])
-                  for t in tensors]
+    unsqueezed = [Node(next(names), "unsqueeze", [t], {"dim": dim}, out[:dim - 1] + [1] + out[dim:]) for t in inputs]
     alias[n.name] = n.name
-    return unsqueezed + [Node(n.name, "cat", [u.name for u in unsqueezed], {"dim": dim}, out)]
+    return made + unsqueezed + [Node(n.name, "cat", [u.name for u in unsqueezed], {"dim": dim}, out)]
+
+
+def _stacked_pieces(tensors: Any) -> list[tuple[fx.Node, int]] | None:
+    """The pieces a stack's ``tensors`` are, as (the unbind, chunk or split node, the piece's index), where they are
+    that call's tuple whole or a slice of it (``torch.stack(p, 3)``, ``torch.stack(p[:2], 1)``,
+    ``torch.stack(p[::-1], 2)`` of ``p = x.unbind(1)``); None for anything else."""
+    if not isinstance(tensors, fx.Node):
+        return None
+    source, index = tensors, slice(None)
+    if tensors.op == "call_function" and tensors.target is operator.getitem and isinstance(tensors.args[0], fx.Node) \
+            and isinstance(tensors.args[1], slice):
+        source, index = tensors.args
+    meta = source.meta.get("tensor_meta")
+    if source.op not in ("call_function", "call_method") or source.target not in _SPLITS | _UNBINDS \
+            or not isinstance(meta, (tuple, list)) or hasattr(meta, "shape") or not meta \
+            or not all(hasattr(m, "shape") for m in meta):
+        return None
+    return [(source, i) for i in range(len(meta))[index]]
+
+
+def _stacked_piece_made(n: fx.Node, alias: dict[str, str]) -> str | None:
+    """The description node of the piece ``n`` takes (``p[1]`` of an unbind's or chunk's tuple ``p``) where a stack
+    of the pieces read before made it (:func:`_stacked_piece`), else None."""
+    source, index = n.args
+    meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
+    if not isinstance(index, int) or isinstance(index, bool) or not isinstance(meta, (tuple, list)) \
+            or hasattr(meta, "shape") or not meta:
+        return None
+    return alias.get(f"{source.name}__stacked_{index % len(meta)}")
+
+
+def _stacked_piece(source: fx.Node, index: int, alias: dict[str, str], made: list[Node]) -> str:
+    """The description node of piece ``index`` of the unbind, chunk or split ``source`` a stack reads: the piece's
+    own where a ``source[index]`` read before made it (one tensor), else one made here into ``made`` (a select of
+    ``unbind`` true or a narrow of ``split_sizes``, of the call's ``call``), once for every stack that reads it."""
+    count = len(source.meta["tensor_meta"])
+    for user in source.users:
+        if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int) \
+                and user.args[1] % count == index and user.name in alias:
+            return alias[user.name]
+    name = f"{source.name}__stacked_{index}"
+    if name not in alias:
+        made.append(_unbound_piece(source, index, name, alias) if source.target in _UNBINDS
+                    else _split_piece(source, index, name, alias))
+        alias[name] = name
+    return alias[name]
 
 
 _CHANNEL_SHUFFLES = {torch.channel_shuffle, torch.native_channel_shuffle, F.channel_shuffle,
