@@ -94,13 +94,13 @@ def _softmax() -> nn.Module:
     return net
 
 
-@pytest.mark.parametrize("make, fast", [(_plain, True), (_prelu, True), (_Doubled, False), (_grouped, False),
+@pytest.mark.parametrize("make, fast", [(_plain, True), (_prelu, True), (_grouped, True), (_Doubled, False),
                                         (_frozen, False), (_softmax, False)])
 def test_a_cut_is_described_from_the_unpruned_description_only_where_it_alone_says_it(make, fast, monkeypatch):
-    """torch's own layers in a Sequential (a PReLU's slopes a channel each, cut with them): described so. A model of
-    the user's own code (its forward may read a channel count), a grouped convolution, a frozen layer, a softmax over
-    the channels (an op this does not follow): None, and a cut copy is described instead; either way the description
-    is the cut copy's."""
+    """torch's own layers in a Sequential (a PReLU's slopes a channel each, cut with them; a grouped convolution, its
+    groups cut alike): described so. A model of the user's own code (its forward may read a channel count), a frozen
+    layer, a softmax over the channels (an op this does not follow): None, and a cut copy is described instead;
+    either way the description is the cut copy's."""
     src = Source("net", "own", make)
     plan = PruningPlan(make(), SHAPE, "l1-norm", 2, 0, "net")
     level = plan._level(plan._counts(len(plan._event_group) // 2))  # one its pruning steps reach

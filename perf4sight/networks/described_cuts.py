@@ -2,14 +2,14 @@
 
 A pruning plan's cut (:meth:`perf4sight.networks.pruning.PruningPlan.counts_at`) takes channels out of layers and
 nothing else: the network's graph, its ops and every size but the channels' stay. Where the unpruned network's
-description holds only ops whose channel counts the description alone determines (a convolution, plain or depthwise,
-a batch norm (BatchNorm1d's too), a group or affine instance norm, a PReLU and a linear layer, whose counts the cut
-sets; elementwise activations, dropout (Dropout2d, AlphaDropout too), pooling, a mean over the map, a flatten, a sum,
-product, quotient, maximum or minimum of two maps or of a map and a number, a concatenation of channels, whose output
-channels follow from their inputs'), the level's description is the unpruned one with those counts changed: what
-:func:`describe` gives of the cut copy, at a hundredth of the cost (a cut copy and its trace took 50 ms a level for
-resnet18 at 224x224 and 230 ms for mobilenet_v2 on a 2-core host; ``--prune-to-fit`` asks up to 100 levels of each
-network).
+description holds only ops whose channel counts the description alone determines (a convolution, plain, grouped (its
+groups cut alike, as the plan cuts them) or depthwise, a batch norm (BatchNorm1d's too), a group or affine instance
+norm, a PReLU and a linear layer, whose counts the cut sets; elementwise activations, dropout (Dropout2d, AlphaDropout
+too), pooling, a mean over the map, a flatten, a sum, product, quotient, maximum or minimum of two maps or of a map and
+a number, a concatenation of channels, whose output channels follow from their inputs'), the level's description is
+the unpruned one with those counts changed: what :func:`describe` gives of the cut copy, at a hundredth of the cost (a
+cut copy and its trace took 50 ms a level for resnet18 at 224x224 and 230 ms for mobilenet_v2 on a 2-core host;
+``--prune-to-fit`` asks up to 100 levels of each network).
 
 Made here only where every check passes, else None (the caller then cuts a copy and describes it, as before):
 
@@ -18,8 +18,8 @@ Made here only where every check passes, else None (the caller then cuts a copy 
   once, by a node of the description (a convolution, norm, PReLU or linear layer, of torch's own class; a convolution
   or linear layer of weight_norm or spectral_norm, either form, too);
 - the plan cuts only those layers, with torch-pruning's own cuts of them (a convolution's, a depthwise one's, a
-  norm's, a PReLU's, a linear layer's) or this tool's cut of a weight-normed one, and every parameter the network has
-  is read (none left out of the count);
+  grouped one's input channels as the plan cuts them, a norm's, a PReLU's, a linear layer's) or this tool's cut of a
+  weight-normed one, and every parameter the network has is read (none left out of the count);
 - at each node the channels a layer's cut leaves are the ones its input brings (a cut that would not run is left
   to the copy, which fails as it did), and the parameters of the description made are those the plan counts.
 """
@@ -79,9 +79,10 @@ _CUTS = {(_F.ConvPruner, "prune_out_channels"): "out", (_F.ConvPruner, "prune_in
          (_F.BatchnormPruner, "prune_out_channels"): "both", (_F.DepthwiseConvPruner, "prune_out_channels"): "both",
          (_F.GroupNormPruner, "prune_out_channels"): "both", (_F.InstanceNormPruner, "prune_out_channels"): "both",
          (_F.PReLUPruner, "prune_out_channels"): "both"}
-#: this tool's cuts of a layer of weight_norm or spectral_norm, by side
-_NORMED_CUTS = {pp.prune_out_channels_normed: "out", pp.prune_in_channels_normed: "in",
-                pp.prune_out_channels_depthwise_normed: "both"}
+#: this tool's own cuts, by side: a grouped convolution's input channels (the plan's uniform cut a group), and a layer
+#: of weight_norm or spectral_norm's
+_OWN_CUTS = {pp.prune_grouped_in_channels: "in", pp.prune_out_channels_normed: "out",
+             pp.prune_in_channels_normed: "in", pp.prune_out_channels_depthwise_normed: "both"}
 
 
 class _Unpruned:
@@ -130,9 +131,7 @@ def _same_counts(n: Node, m: nn.Module) -> bool:
     """Whether the unpruned layer node ``n`` says the channel counts of the layer ``m`` it calls."""
     a = n.attrs
     if isinstance(m, nn.Conv2d):
-        depthwise = m.groups == m.in_channels == m.out_channels
-        return (m.groups == 1 or depthwise) and (a["in_channels"], a["out_channels"], a["groups"]) == (
-            m.in_channels, m.out_channels, m.groups)
+        return (a["in_channels"], a["out_channels"], a["groups"]) == (m.in_channels, m.out_channels, m.groups)
     if n.op in _NORMS:
         return a[_NORMS[n.op]] == getattr(m, _NORMS[n.op])
     return (a["in_features"], a["out_features"]) == (m.in_features, m.out_features)
@@ -172,8 +171,8 @@ def described_cut(plan: Any, counts: tuple[int, ...], input_shape: list[int]) ->
         return None
     removed: dict[str, dict[str, set[int]]] = {}  # layer -> side ("out", "in", "both") -> channels cut
     for (layer, handler), idxs in removal(plan.groups, list(counts)).items():
-        side = _NORMED_CUTS.get(handler) or _CUTS.get((type(getattr(handler, "__self__", None)),
-                                                       getattr(handler, "__name__", "")))
+        side = _OWN_CUTS.get(handler) or _CUTS.get((type(getattr(handler, "__self__", None)),
+                                                    getattr(handler, "__name__", "")))
         if side is None:
             return None
         removed.setdefault(layer, {}).setdefault(side, set()).update(idxs)
@@ -255,7 +254,8 @@ def _layer(n: Node, attrs: dict[str, Any], ins: list[list[int]], cut: dict[str, 
             return None
         shape[0] = channels
         return shape
-    if n.op in _NORMS or (n.op == "conv2d" and attrs["groups"] > 1):  # depthwise: in, out and groups at once
+    depthwise = n.op == "conv2d" and attrs["groups"] == attrs["in_channels"] == attrs["out_channels"] > 1
+    if n.op in _NORMS or depthwise:  # in, out and groups at once
         if out_cut or in_cut or len(ins[0]) != (3 if n.op in ("conv2d", "instancenorm") else len(shape)) \
                 or not shape:
             return None
@@ -272,8 +272,9 @@ def _layer(n: Node, attrs: dict[str, Any], ins: list[list[int]], cut: dict[str, 
     if both:
         return None
     if n.op == "conv2d":
-        if len(ins[0]) != 3 or attrs["in_channels"] - in_cut != channels:
-            return None
+        if len(ins[0]) != 3 or attrs["in_channels"] - in_cut != channels or channels % attrs["groups"] \
+                or (attrs["out_channels"] - out_cut) % attrs["groups"]:
+            return None  # a grouped convolution's channels cut unevenly across its groups: the copy fails, as it did
         attrs["in_channels"], attrs["out_channels"] = channels, attrs["out_channels"] - out_cut
         shape[0] = attrs["out_channels"]
         return shape
