@@ -88,19 +88,25 @@ def _prelu() -> nn.Module:
     return net
 
 
+def _upsampled() -> nn.Module:
+    """A segmentation network's shape: a convolution's map resized twice as large, a class score per pixel."""
+    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Upsample(scale_factor=2, mode="bilinear"), nn.Conv2d(16, 5, 1))
+
+
 def _softmax() -> nn.Module:
     net = _plain()
     net[2] = nn.Softmax(1)
     return net
 
 
-@pytest.mark.parametrize("make, fast", [(_plain, True), (_prelu, True), (_grouped, True), (_Doubled, False),
-                                        (_frozen, False), (_softmax, False)])
+@pytest.mark.parametrize("make, fast", [(_plain, True), (_prelu, True), (_grouped, True), (_upsampled, True),
+                                        (_Doubled, False), (_frozen, False), (_softmax, False)])
 def test_a_cut_is_described_from_the_unpruned_description_only_where_it_alone_says_it(make, fast, monkeypatch):
     """torch's own layers in a Sequential (a PReLU's slopes a channel each, cut with them; a grouped convolution, its
-    groups cut alike): described so. A model of the user's own code (its forward may read a channel count), a frozen
-    layer, a softmax over the channels (an op this does not follow): None, and a cut copy is described instead;
-    either way the description is the cut copy's."""
+    groups cut alike; a map resized, as a segmentation network's): described so. A model of the user's own code (its
+    forward may read a channel count), a frozen layer, a softmax over the channels (an op this does not follow): None,
+    and a cut copy is described instead; either way the description is the cut copy's."""
     src = Source("net", "own", make)
     plan = PruningPlan(make(), SHAPE, "l1-norm", 2, 0, "net")
     level = plan._level(plan._counts(len(plan._event_group) // 2))  # one its pruning steps reach

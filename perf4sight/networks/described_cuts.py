@@ -5,11 +5,11 @@ nothing else: the network's graph, its ops and every size but the channels' stay
 description holds only ops whose channel counts the description alone determines (a convolution, plain, grouped (its
 groups cut alike, as the plan cuts them) or depthwise, a batch norm (BatchNorm1d's too), a group or affine instance
 norm, a PReLU and a linear layer, whose counts the cut sets; elementwise activations, dropout (Dropout2d, AlphaDropout
-too), pooling, a mean over the map, a flatten, a sum, product, quotient, maximum or minimum of two maps or of a map and
-a number, a concatenation of channels, whose output channels follow from their inputs'), the level's description is
-the unpruned one with those counts changed: what :func:`describe` gives of the cut copy, at a hundredth of the cost (a
-cut copy and its trace took 50 ms a level for resnet18 at 224x224 and 230 ms for mobilenet_v2 on a 2-core host;
-``--prune-to-fit`` asks up to 100 levels of each network).
+too), pooling, a resize (a segmentation head's interpolate), a mean over the map, a flatten, a sum, product, quotient,
+maximum or minimum of two maps or of a map and a number, a concatenation of channels, whose output channels follow
+from their inputs'), the level's description is the unpruned one with those counts changed: what :func:`describe`
+gives of the cut copy, at a hundredth of the cost (a cut copy and its trace took 50 ms a level for resnet18 at
+224x224 and 230 ms for mobilenet_v2 on a 2-core host; ``--prune-to-fit`` asks up to 100 levels of each network).
 
 Made here only where every check passes, else None (the caller then cuts a copy and describes it, as before):
 
@@ -53,6 +53,7 @@ _FOLLOWING = {
     **{op: {"kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "divisor_override",
             "output_size"} for op in ("maxpool2d", "avgpool2d", "adaptiveavgpool2d", "adaptivemaxpool2d")},
     "mean": {"dims", "keepdim"},
+    "interpolate": set(known_attrs("interpolate")),  # a segmentation head's resize: its sizes are the map's
 }
 #: ops of two inputs broadcast together (add and mul also of one input and a number, ``scalar``: elementwise)
 _BROADCAST = ("add", "mul", "div", "maximum", "minimum")
