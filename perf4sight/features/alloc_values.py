@@ -162,9 +162,17 @@ class _Memory:
             self.events.append((FREE, sid, 0, ""))
 
 
+#: The ops :func:`_params` gives parameters or buffers (any other: none, unless weight- or spectral-normed).
+_PARAM_OPS = frozenset({"conv2d", "conv_transpose2d", "batchnorm2d", "frozen_batchnorm2d", "groupnorm", "instancenorm",
+                        "prelu", "layernorm", "shift", "scale", "token", "weighted_sum", "attention",
+                        "window_attention", "group_attention", "rmsnorm", "where", "linear"})
+
+
 def _params(node: Node) -> tuple[list[int], list[int]]:
     """(parameter bytes, buffer bytes) of ``node``'s module, in registration order."""
     a = node.attrs
+    if node.op not in _PARAM_OPS and "weight_norm" not in a and "spectral_norm" not in a:  # most nodes: at once
+        return [], []
     if a.get("weight_norm") == "parametrization":  # the layer's bias, then its parametrization's g and v
         return _weight_normed_params(node), []
     if a.get("spectral_norm") == "parametrization":  # the bias, the original weight; the power iteration's u and v

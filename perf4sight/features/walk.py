@@ -45,9 +45,11 @@ __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrai
            "trained_params", "trained_tensors", "split_gathers"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Visit:
-    """One node as the walk sees it. Shapes exclude the batch dimension."""
+    """One node as the walk sees it. Shapes exclude the batch dimension. Not frozen (a frozen dataclass's
+    ``__init__`` sets each of its fields through ``object.__setattr__``: the walk makes one a node); nothing changes
+    a visit once made."""
 
     node: Node
     in_shapes: list[list[int]]
