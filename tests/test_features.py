@@ -1966,3 +1966,18 @@ def test_an_adaptive_pool_to_a_size_that_does_not_divide_reads_its_overlapping_w
         c = _cost(Node("p", op, ["x"], {"output_size": [4, 3]}, [4, 4, 3]), [[4, 9, 11]])
         assert c.flops_fwd == 4 * span(9, 4) * span(11, 3)
         assert _cost(Node("p", op, ["x"], {"output_size": [1, 1]}, [4, 1, 1]), [[4, 9, 11]]).flops_fwd == 4 * 9 * 11
+
+
+def test_changed_cost_is_replace_and_refuses_unknown_fields():
+    """formulas.changed (the walk's fast dataclasses.replace of an OpCost) makes what replace makes: a new cost, the
+    named fields set, the others the same objects, the original untouched; a name that is no field is refused."""
+    import dataclasses
+
+    from perf4sight.features.formulas import changed
+    cost = HANDLERS["conv2d"](_conv("c", "input", 3, 8, 3, 1, 16), [[3, 16, 16]], False)
+    new = changed(cost, kernels_fwd=cost.kernels_fwd + 1, saved=[])
+    assert new == dataclasses.replace(cost, kernels_fwd=cost.kernels_fwd + 1, saved=[])
+    assert new is not cost and new.kernels_fwd == cost.kernels_fwd + 1 and new.saved == [] and cost.saved != []
+    assert new.batch_saved is cost.batch_saved and list(vars(new)) == list(vars(cost))
+    with pytest.raises(TypeError, match="kernels"):
+        changed(cost, kernels=1)

@@ -27,8 +27,8 @@ An op missing from :data:`HANDLERS` is reported by name by the aggregator, never
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from perf4sight.ir.schema import (SHARES, Node, split_group, unbind_group, where_condition_inputs,
                                   window_attention_params)
@@ -70,6 +70,17 @@ class OpCost:
 Handler = Callable[[Node, list[list[int]], bool], OpCost]
 
 
+def changed(cost: OpCost, **fields: Any) -> OpCost:
+    """A new ``cost`` with ``fields`` set, as ``dataclasses.replace`` makes it (the other fields the same objects),
+    in a third of its time: no ``__init__`` called through the fields' list (the walk changes a few hundred costs a
+    network). An unknown field is refused, as ``replace`` refuses it."""
+    if not cost.__dict__.keys() >= fields.keys():
+        raise TypeError(f"OpCost has no field {sorted(fields.keys() - cost.__dict__.keys())[0]!r}")
+    new = object.__new__(cost.__class__)
+    new.__dict__.update(cost.__dict__, **fields)
+    return new
+
+
 def kernel_dilates(attrs: dict) -> bool:
     """Whether a convolution's (or a transposed one's) ``attrs`` dilate its kernel (a ``dilation`` other than 1 on
     either side)."""
@@ -103,7 +114,7 @@ def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
     fwd, bwd = STANDARDIZE_KERNELS[form]
     sized, per_channel = STANDARDIZE_KEPT[form]
     kept = (weights * BYTES_PER_ELEMENT,) * sized + (cout * BYTES_PER_ELEMENT,) * per_channel
-    return replace(cost, kernels_fwd=cost.kernels_fwd + fwd, kernels_bwd=cost.kernels_bwd + bwd,
+    return changed(cost, kernels_fwd=cost.kernels_fwd + fwd, kernels_bwd=cost.kernels_bwd + bwd,
                    batch_saved=cost.batch_saved + tuple(float(b) for b in kept))
 
 
@@ -117,7 +128,7 @@ def _scaled_gain(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
     gradient, and the gain's, a product summed down); kept, the standardised weight the gain multiplies (torch 2.14,
     a dispatch log)."""
     fwd, bwd, kept = (1, 1, cout) if form == "batch_norm" else (2, 4, weights)
-    return replace(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
+    return changed(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
                    kernels_fwd=cost.kernels_fwd + fwd, kernels_bwd=cost.kernels_bwd + bwd,
                    batch_saved=cost.batch_saved + (float(kept * BYTES_PER_ELEMENT),))
 
@@ -130,7 +141,7 @@ def _weight_normed(cost: OpCost, weights: int, cout: int) -> OpCost:
     reads its parameter), and the norm of each output channel. Its FLOPs, a few an element of the weight once a step,
     are left out (per-sample figures)."""
     kept = (float(weights * BYTES_PER_ELEMENT), float(cout * BYTES_PER_ELEMENT))
-    return replace(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
+    return changed(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
                    kernels_fwd=cost.kernels_fwd + 1, kernels_bwd=cost.kernels_bwd + 1,
                    batch_saved=cost.batch_saved + kept)
 
@@ -143,7 +154,7 @@ def _spectral_normed(cost: OpCost, weights: int, cout: int, iterations: int) -> 
     step: the weight divided (which the layer reads), u (``cout`` floats: W v is not kept, u needing no gradient),
     v (the weight's row) and sigma."""
     kept = tuple(float(b * BYTES_PER_ELEMENT) for b in (weights, cout, weights // cout, 1))
-    return replace(cost, kernels_fwd=cost.kernels_fwd + 8 * iterations + 5, kernels_bwd=cost.kernels_bwd + 9,
+    return changed(cost, kernels_fwd=cost.kernels_fwd + 8 * iterations + 5, kernels_bwd=cost.kernels_bwd + 9,
                    batch_saved=cost.batch_saved + kept)
 
 
@@ -537,7 +548,7 @@ def copied_first(cost: OpCost, in_shape: list[int]) -> OpCost:
     (``on_copy``: ``y.clone().leaky_relu_()``), an in-place activation's clone, a linear layer's rows
     (``walk.Visit.input_copies``)."""
     moved = float(numel(in_shape) * BYTES_PER_ELEMENT)
-    return replace(cost, kernels_fwd=cost.kernels_fwd + 1, bytes_read=cost.bytes_read + moved,
+    return changed(cost, kernels_fwd=cost.kernels_fwd + 1, bytes_read=cost.bytes_read + moved,
                    bytes_written=cost.bytes_written + moved)
 
 
@@ -548,7 +559,7 @@ def _keeps_a_clone_in_place(flops: float, bwd_flops: float) -> Handler:
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
         cost = _pointwise(flops, [0], bwd_flops)(node, in_shapes, first)
         if node.attrs.get("on_copy"):
-            return replace(cost, saved=[], extra_saved_bytes=float(numel(in_shapes[0]) * BYTES_PER_ELEMENT))
+            return changed(cost, saved=[], extra_saved_bytes=float(numel(in_shapes[0]) * BYTES_PER_ELEMENT))
         return cost
     return handler
 
@@ -598,9 +609,9 @@ def _quotient_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[lis
     kept (x's value is read by y's gradient only)."""
     n = numel(node.output_shape)
     if needs == [False, True]:
-        return replace(cost, flops_bwd=4.0 * n, kernels_bwd=4)
+        return changed(cost, flops_bwd=4.0 * n, kernels_bwd=4)
     if needs == [True, False]:
-        return replace(cost, flops_bwd=float(n), kernels_bwd=1, saved=[1])
+        return changed(cost, flops_bwd=float(n), kernels_bwd=1, saved=[1])
     return cost
 
 
@@ -619,7 +630,7 @@ def _extreme_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[list
     """maximum / minimum's ``cost`` where ``needs`` says which input needs a gradient: torch computes only its (5
     kernels, 5 FLOPs an element), both inputs kept (its compare reads both)."""
     if sum(needs) == 1:
-        return replace(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=5)
+        return changed(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=5)
     return cost
 
 
@@ -644,7 +655,7 @@ def _product_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[list
     input alone (each input is kept for the other's gradient); a scalar's product keeps nothing as it was."""
     if len(needs) != 2 or needs[0] == needs[1]:
         return cost
-    return replace(cost, flops_bwd=float(numel(node.output_shape)), kernels_bwd=1, saved=[1] if needs[0] else [0])
+    return changed(cost, flops_bwd=float(numel(node.output_shape)), kernels_bwd=1, saved=[1] if needs[0] else [0])
 
 
 def _pool_out(node: Node, in_shapes: list[list[int]], window: int, saves_input: bool,
@@ -667,7 +678,7 @@ def _fractional_maxpool2d(node: Node, in_shapes: list[list[int]], first: bool) -
     and the pool; backward one, the gradient scattered to the maxima."""
     kh, kw = node.attrs["kernel_size"]
     cost = _pool_out(node, in_shapes, kh * kw, True, 8.0 * numel(node.output_shape))
-    return replace(cost, bytes_written=cost.bytes_written + 2 * in_shapes[0][0] * BYTES_PER_ELEMENT, kernels_fwd=2)
+    return changed(cost, bytes_written=cost.bytes_written + 2 * in_shapes[0][0] * BYTES_PER_ELEMENT, kernels_fwd=2)
 
 
 def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -695,7 +706,7 @@ def _adaptive(max_pool: bool) -> Handler:
             reads = numel(out) * max(1, inn // max(1, numel(out)))
         keeps_input = max_pool or numel(node.output_shape[1:]) > 1
         cost = _pool_out(node, in_shapes, 1, keeps_input, 8.0 * numel(node.output_shape) if max_pool else 0.0)
-        return replace(cost, flops_fwd=float(reads), flops_bwd=float(max(reads, inn)))
+        return changed(cost, flops_fwd=float(reads), flops_bwd=float(max(reads, inn)))
     return handler
 
 
@@ -941,7 +952,7 @@ def _matrix_product_gradients(cost: OpCost, node: Node, needs: list[bool], in_sh
     if needs[0] == needs[1]:
         return cost
     saved, copies = _kept_inputs(in_shapes, node.output_shape, [1] if needs[0] else [0])
-    return replace(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=1, saved=saved, extra_saved_bytes=copies)
+    return changed(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=1, saved=saved, extra_saved_bytes=copies)
 
 
 def _reordered_copy(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -1144,7 +1155,7 @@ def _where_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: lis
     """A where's ``cost`` where ``needs`` says which inputs need a gradient: torch computes those of its tensor
     branches that do (a where each, a FLOP an output element); the condition's input takes none."""
     branches = sum(needs[where_condition_inputs(node.attrs):])
-    return replace(cost, flops_bwd=float(branches * numel(node.output_shape)), kernels_bwd=branches)
+    return changed(cost, flops_bwd=float(branches * numel(node.output_shape)), kernels_bwd=branches)
 
 
 def _sampled_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:
@@ -1153,7 +1164,7 @@ def _sampled_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: l
     a position)."""
     if needs[0]:
         return cost
-    return replace(cost, flops_bwd=8.0 * numel(node.output_shape) + 4.0 * numel(node.output_shape[1:]),
+    return changed(cost, flops_bwd=8.0 * numel(node.output_shape) + 4.0 * numel(node.output_shape[1:]),
                    kernels_bwd=1)
 
 

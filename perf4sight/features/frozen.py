@@ -11,9 +11,7 @@ frozen of one node's layer. A parameter whose size this module does not know by 
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from perf4sight.features.formulas import OpCost, numel, window_geometry
+from perf4sight.features.formulas import OpCost, changed, numel, window_geometry
 from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter,
                                   node_params)
 
@@ -128,7 +126,7 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     if split.whole and node.attrs.get("spectral_norm"):  # nor does the division by sigma (9 kernels back; u, v and
         kernels -= 9  # sigma not kept)
         batch_saved = batch_saved[:-3]
-    return replace(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved, batch_saved=batch_saved)
+    return changed(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved, batch_saved=batch_saved)
 
 
 def _frozen_attention(cost: OpCost, node: Node) -> OpCost:
@@ -140,7 +138,7 @@ def _frozen_attention(cost: OpCost, node: Node) -> OpCost:
     tokens = numel(node.output_shape) // e
     bias = bool(node.attrs["bias"])
     flops = 8.0 * tokens * e * e + (4.0 * tokens * e if bias else 0.0)
-    return replace(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
+    return changed(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
                    kernels_bwd=max(cost.kernels_bwd - (4 if bias else 2), 0), kernels_fwd=cost.kernels_fwd - 1,
                    saved=[])
 
@@ -155,6 +153,6 @@ def _frozen_window_attention(cost: OpCost, node: Node) -> OpCost:
         return cost
     tokens, _, e, _, _ = window_geometry(node)
     flops = 8.0 * tokens * e * e + (4.0 * tokens * e if node.attrs["bias"] else 0.0)
-    return replace(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
+    return changed(cost, flops_bwd=max(cost.flops_bwd - flops, 0.0),
                    kernels_bwd=max(cost.kernels_bwd - (7 if node.attrs["bias"] else 5), 0),
                    extra_saved_bytes=max(cost.extra_saved_bytes - 2.0 * tokens * e * 4, 0.0))

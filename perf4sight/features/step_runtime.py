@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from perf4sight.features.formulas import OpCost
+from perf4sight.features.formulas import OpCost, changed
 from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, PERF4SIGHT_MOMENTUM,
                                            PERF4SIGHT_WEIGHT_DECAY, OptimizerCost, adds_decay, optimizer_cost)
 from perf4sight.features.priced_ops import check_prices, prices_key, prices_table
@@ -159,13 +159,13 @@ class StepRuntime:
         :attr:`dropout_mask_bytes` an element (``extra_saved_bytes``), and on a CPU (its four-byte mask) a
         log-sigmoid's buffer, of its output's bytes, which CUDA leaves empty."""
         if op in ("relu6", "hardtanh") and self.relu6_clone and on_copy:
-            return replace(cost, saved=[], extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
+            return changed(cost, saved=[], extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
         if op in ("relu6", "hardtanh") and self.relu6_clone:  # hardtanh_ is ReLU6's kernel
-            return replace(cost, saved=[0])
+            return changed(cost, saved=[0])
         if op == "dropout" and self.dropout_mask_bytes != CUDA_MASK_BYTES:
-            return replace(cost, extra_saved_bytes=cost.extra_saved_bytes * self.dropout_mask_bytes)
+            return changed(cost, extra_saved_bytes=cost.extra_saved_bytes * self.dropout_mask_bytes)
         if op == "log_sigmoid" and self.dropout_mask_bytes == CPU_MASK_BYTES:  # a CPU's: its buffer, output-sized
-            return replace(cost, extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
+            return changed(cost, extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
         return cost
 
     def clones_input(self, op: str, in_place: bool) -> bool:

@@ -32,10 +32,10 @@ table; :func:`trained_params` leaves frozen parameters out).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, NO_GRADIENT_OPS, OpCost, copied_first
+from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, NO_GRADIENT_OPS, OpCost, changed, copied_first
 from perf4sight.features.frozen import FrozenSplit, frozen_cost, frozen_of, frozen_split
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
@@ -109,10 +109,10 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         trainable = cost is None or cost.params > (split.params if split is not None else 0)
         grad[node.name] = (trainable or fed) and node.op not in NO_GRADIENT_OPS  # input: False
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
-            cost = replace(cost, params=0, param_tensors=0)
+            cost = changed(cost, params=0, param_tensors=0)
         trained = node.name not in untrained
         if cost is not None and not (grad[node.name] and trained):
-            cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
+            cost = changed(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
         yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name] and trained, copies, copied,
