@@ -102,6 +102,10 @@ class _Rows:
         if not (bwd and self.forward_only):
             self.rows.append((kind, 0.0, 0.0, 0.0, -1, flops_ps, bytes_ps, bytes_fixed))
 
+    def repeated(self, times: int, kind: int, flops_ps: float, bytes_ps: float) -> None:
+        """:meth:`other` of the forward (or of a step's end) ``times`` times: one row, repeated."""
+        self.rows += [(kind, 0.0, 0.0, 0.0, -1, flops_ps, bytes_ps, 0.0)] * times
+
 
 def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: FrozenSplit | None = None) -> None:
     a = node.attrs
@@ -574,9 +578,9 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     r.forward_only = False
     _loss(r, desc.node(desc.output).output_shape, loss)
-    for name, adds in accumulations.items():  # k gradients into one tensor: k-1 adds
-        for _ in range(adds):
-            r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
+    for name, adds in accumulations.items():  # k gradients into one tensor: k-1 adds (a DenseNet's: a thousand)
+        elems = numel(shapes[name])
+        r.repeated(adds, BANDWIDTH, float(elems), 3.0 * elems * BYTES_PER_ELEMENT)
     for elems, zeros, pieces in gathers:  # a split's backward: zeros for pieces without a gradient, a cat
         for _ in range(pieces):
             r.other(BANDWIDTH, 0.0, zeros / pieces * BYTES_PER_ELEMENT)
