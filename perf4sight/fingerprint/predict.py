@@ -439,9 +439,10 @@ class Fingerprint(ModuleQueries):
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
         families = [f for f in self.training_family_of(nfs) for _ in bss]
         frozen = np.array([bool(nf.description is not None and frozen_of(nf.description)) for nf in nfs for _ in bss])
-        lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
-        if isinstance(self.models["latency"], MeanModel) and frozen.any():  # of the forms that see its backward
-            lat = self.models["latency"].predict(F, self.models["latency"].trees_for(families), frozen)
+        latency, memory = self.models["latency"], self.models["memory"]
+        frozen_rows = (frozen,) if isinstance(latency, MeanModel) else ()  # of the forms that see its backward
+        lat = latency.predict(F, latency.trees_for(families), *frozen_rows)
+        mem = memory.predict(F, memory.trees_for(families))
         demand = self._demand(F, families, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
         # the narrower band of a family seen holds at the shapes it was seen at; at another, the band of a family never
