@@ -3105,3 +3105,19 @@ def test_the_rows_name_the_cublas_workspaces_of_their_gpu_and_torch():
     nf = network_features(_tiny(), runtime)
     ensure_simulation([nf], ("one", "sim_reserved_mb"))
     assert nf.sim.blas_workspace == HOPPER_WORKSPACES
+
+
+def test_every_op_params_sizes_is_one_it_does_not_pass_over():
+    """``alloc_values._params`` answers at once for an op outside ``_PARAM_OPS`` (most nodes: 0.3 ms of a large
+    network): every op its body gives parameters or buffers must be in that set, or a new one would silently get
+    none."""
+    import inspect
+    import re
+
+    from perf4sight.features import alloc_values
+    body = inspect.getsource(alloc_values._params)
+    named = set(re.findall(r'node\.op == "(\w+)"', body))
+    for group in re.findall(r"node\.op in \(([^)]*)\)", body):
+        named |= set(re.findall(r'"(\w+)"', group))
+    assert {"conv2d", "linear", "attention"} <= named
+    assert named <= alloc_values._PARAM_OPS, sorted(named - alloc_values._PARAM_OPS)
