@@ -529,3 +529,54 @@ def _gemm_flops(desc, batch: int) -> float:
     dims[rows >= 0, rows[rows >= 0]] *= batch
     return 2 * dims.prod(axis=1).sum()
 
+
+
+def _standardised(form: str) -> nn.Module:
+    """``_Normed``'s shape with its middle conv weight-standardised as ``form`` (test_ir_research_blocks' layers)."""
+    import test_ir_research_blocks as rb
+    cls = {"batch_norm": rb._StandardisedByBatchNorm, "std_mean": rb._StandardisedByStdMean,
+           "layer_norm": rb._StandardisedByLayerNorm, "scaled batch_norm": rb._ScaledStandardised,
+           "scaled std_mean": rb._ScaledByStdMean, "scaled layer_norm": rb._ScaledByLayerNorm}[form]
+    torch.manual_seed(0)
+    net = _Normed("weight_norm")
+    net.b = cls(8, 8, 3, padding=1)
+    return net
+
+
+def _kept_apart_from_parameters(net: nn.Module, batch: int) -> int:
+    """``_kept_bytes``, views of a parameter also left out (a standardised weight reshaped for a batch norm)."""
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(torch.randn(batch, 3, 8, 8))
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("form", ("batch_norm", "std_mean", "layer_norm", "scaled batch_norm", "scaled std_mean",
+                                  "scaled layer_norm"))
+def test_a_standardised_layer_frozen_whole_runs_no_backward_of_its_standardisation(form):
+    """A weight-standardised conv (ScaledStdConv2d's gain too) frozen whole, its input needing a gradient, runs no
+    backward of the standardisation (nor of the gain) and keeps none of what it kept but the weight the conv reads;
+    the features counted that backward (18-23 kernels of a std_mean spelling) and those tensors whatever was frozen."""
+    from perf4sight.features.formulas import STANDARDIZE_KERNELS
+    net = _standardised(form)
+    whole = describe(net, [3, 8, 8], "std_whole")
+    ran, kept = [_dispatched(net, 2)], [2 * _kept_apart_from_parameters(net, 1) - _kept_apart_from_parameters(net, 2)]
+    net.b.requires_grad_(False)
+    ran.append(_dispatched(net, 2))
+    kept.append(2 * _kept_apart_from_parameters(net, 1) - _kept_apart_from_parameters(net, 2))
+    desc = describe(net, [3, 8, 8], "std_frozen")
+    assert sorted(desc.extra["frozen_parameters"]) == sorted(f"conv2d.{n}" for n, _ in net.b.named_parameters())
+    w, f = network_features(whole), network_features(desc)
+    back = features_for(w, 2)["kernels_bwd"] - features_for(f, 2)["kernels_bwd"]
+    gain = {"scaled batch_norm": 1, "scaled std_mean": 4, "scaled layer_norm": 4}.get(form, 0)
+    # the conv's weight and bias gradients are kernels of their own here, one call of convolution_backward on a CPU;
+    # std_mean's backward counted 19 where this log runs 18 (its table's count, of a first layer's dispatch log)
+    assert back - 2 == STANDARDIZE_KERNELS[form.split()[-1]][1] + gain
+    assert abs(back - 2 - (len(ran[0][1]) - len(ran[1][1]))) <= (1 if "std_mean" in form else 0)
+    assert w.batch_saved_sizes.sum() - f.batch_saved_sizes.sum() == kept[0] - kept[1] > 0

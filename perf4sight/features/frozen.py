@@ -11,7 +11,8 @@ frozen of one node's layer. A parameter whose size this module does not know by 
 """
 from __future__ import annotations
 
-from perf4sight.features.formulas import OpCost, changed, numel, window_geometry
+from perf4sight.features.formulas import (BYTES_PER_ELEMENT, STANDARDIZE_KEPT, STANDARDIZE_KERNELS, OpCost, changed,
+                                          numel, window_geometry)
 from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter,
                                   node_params)
 
@@ -99,9 +100,9 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     a convolution's or a linear layer's weight gradient (2 FLOPs a MAC, a kernel) and bias gradient (an add an
     output element, a kernel), and a weight norm's or spectral norm's backward where the layer is frozen whole
     (``formulas._weight_normed``, ``_spectral_normed``: what they added, but the weight they compute, which the layer
-    keeps); a linear layer whose weight is frozen keeps no input (torch's addmm and mm save their
-    input for the weight's gradient alone: saved-tensor hooks, torch 2.14), where a convolution keeps it all the
-    same."""
+    keeps), and so a weight standardisation's and a ScaledStdConv2d's gain's (:func:`_frozen_standardisation`); a
+    linear layer whose weight is frozen keeps no input (torch's addmm and mm save their input for the weight's
+    gradient alone: saved-tensor hooks, torch 2.14), where a convolution keeps it all the same."""
     if node.op == "attention":
         return _frozen_attention(cost, node) if split.whole else cost
     if node.op == "window_attention":
@@ -126,7 +127,25 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
     if split.whole and node.attrs.get("spectral_norm"):  # nor does the division by sigma (9 kernels back; u, v and
         kernels -= 9  # sigma not kept)
         batch_saved = batch_saved[:-3]
+    form = node.attrs.get("standardize")
+    if split.whole and form:  # nor does its weight's standardisation, nor a ScaledStdConv2d's gain: their kernels
+        kernels, batch_saved = _frozen_standardisation(node, form, kernels, batch_saved)  # back and what they kept
     return changed(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved, batch_saved=batch_saved)
+
+
+def _frozen_standardisation(node: Node, form: str, kernels: int,
+                             batch_saved: tuple[float, ...]) -> tuple[int, tuple[float, ...]]:
+    """``kernels`` back and ``batch_saved`` of a conv2d standardised as ``form`` (``formulas._standardized``, and
+    ``_scaled_gain`` where it has ``standardize_scale``) frozen whole: none of the kernels back they added, and of
+    what they kept the weight the convolution reads alone (a tensor of the weight's size), as torch 2.14 runs it on a
+    CPU (a dispatch log, saved-tensor hooks)."""
+    scaled = "standardize_scale" in node.attrs
+    sized, per_channel = STANDARDIZE_KEPT[form]
+    added = sized + per_channel + (1 if scaled else 0)
+    kernels -= STANDARDIZE_KERNELS[form][1] + ((1 if form == "batch_norm" else 4) if scaled else 0)
+    a = node.attrs
+    weights = int(a["out_channels"]) * (int(a["in_channels"]) // int(a["groups"])) * numel(a["kernel_size"])
+    return kernels, batch_saved[:-added] + (float(weights * BYTES_PER_ELEMENT),)
 
 
 def _frozen_attention(cost: OpCost, node: Node) -> OpCost:
