@@ -564,6 +564,7 @@ def test_a_standardised_layer_frozen_whole_runs_no_backward_of_its_standardisati
     backward of the standardisation (nor of the gain) and keeps none of what it kept but the weight the conv reads;
     the features counted that backward (18-23 kernels of a std_mean spelling) and those tensors whatever was frozen."""
     from perf4sight.features.formulas import STANDARDIZE_KERNELS
+    from perf4sight.features.optimizers import optimizer_cost
     net = _standardised(form)
     whole = describe(net, [3, 8, 8], "std_whole")
     ran, kept = [_dispatched(net, 2)], [2 * _kept_apart_from_parameters(net, 1) - _kept_apart_from_parameters(net, 2)]
@@ -580,3 +581,6 @@ def test_a_standardised_layer_frozen_whole_runs_no_backward_of_its_standardisati
     assert back - 2 == STANDARDIZE_KERNELS[form.split()[-1]][1] + gain
     assert abs(back - 2 - (len(ran[0][1]) - len(ran[1][1]))) <= (1 if "std_mean" in form else 0)
     assert w.batch_saved_sizes.sum() - f.batch_saved_sizes.sum() == kept[0] - kept[1] > 0
+    kw, kf = kernel_table(whole), kernel_table(desc)  # the same kernels listed back, and the tensors' updates
+    update = (kw.param_tensors - kf.param_tensors) * optimizer_cost("sgd").kernels_per_tensor
+    assert kw.launches - kf.launches == back + update
