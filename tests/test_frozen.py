@@ -584,3 +584,40 @@ def test_a_standardised_layer_frozen_whole_runs_no_backward_of_its_standardisati
     kw, kf = kernel_table(whole), kernel_table(desc)  # the same kernels listed back, and the tensors' updates
     update = (kw.param_tensors - kf.param_tensors) * optimizer_cost("sgd").kernels_per_tensor
     assert kw.launches - kf.launches == back + update
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+@pytest.mark.parametrize("how, part", [("weight_norm", "original1"), ("weight_norm", "original0"),
+                                       ("spectral_norm", "original"), ("hook weight_norm", "weight_v"),
+                                       ("hook spectral_norm", "weight_orig")])
+def test_a_normed_layer_s_frozen_part_is_untrained_in_the_features(how, part):
+    """A weight-normed layer's g or v, or a spectral-normed layer's weight, frozen (its bias trained) gets no gradient
+    and no optimiser state: the description counted it frozen (frozen_params) while the features took it as trained
+    (its size unknown by its name), so the trained bytes and the update kernels were the whole layer's."""
+    torch.manual_seed(0)
+    net = _Normed("weight_norm")
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    net.b = getattr(nn.utils, how.split()[1])(conv) if how.startswith("hook") else \
+        getattr(nn.utils.parametrizations, how)(conv)
+    whole = describe(net, [3, 8, 8], "normed_whole")
+    ran, kept = [_dispatched(net, 2)], [2 * _kept_bytes(net, 1) - _kept_bytes(net, 2)]
+    for name, p in net.b.named_parameters():
+        if name.endswith(part):
+            p.requires_grad_(False)
+    ran.append(_dispatched(net, 2))
+    kept.append(2 * _kept_bytes(net, 1) - _kept_bytes(net, 2))
+    desc = describe(net, [3, 8, 8], "normed_part")
+    assert len(desc.extra["frozen_parameters"]) == 1 and desc.extra["frozen_parameters"][0].endswith(part)
+    nf = network_features(desc)
+    trained = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trained, lr=0.1, momentum=0.9)
+    nn.functional.cross_entropy(net(torch.randn(2, 3, 8, 8)), torch.tensor([1, 2])).backward()
+    opt.step()
+    assert nf.static[TRAINED_PARAM_BYTES] == 4 * sum(p.numel() for p in trained)
+    assert nf.kernels.param_tensors == len(opt.state) == len(trained)
+    # a spectral norm's weight frozen: no weight gradient (a kernel of its own here, in convolution_backward on a CPU)
+    # nor the norm's backward (9), nor what the norm kept; g or v alone: the weight's gradient and the norm's as before
+    back = features_for(network_features(whole), 2)["kernels_bwd"] - features_for(nf, 2)["kernels_bwd"]
+    weight = "spectral" in how
+    assert back - weight == len(ran[0][1]) - len(ran[1][1]) == (9 if weight else 0)
+    assert network_features(whole).batch_saved_sizes.sum() - nf.batch_saved_sizes.sum() == kept[0] - kept[1]

@@ -6,8 +6,8 @@ honours them: a frozen parameter gets no gradient (``.grad`` stays None), so no 
 none of whose inputs needs a gradient and whose parameters are all frozen makes no autograd node (it keeps nothing
 and runs no backward: a frozen stem on the input image), and one whose input needs a gradient computes that
 gradient alone (no weight gradient). :func:`frozen_of` reads the description; :func:`frozen_split` sizes what is
-frozen of one node's layer. A parameter whose size this module does not know by its name (a weight-normed layer's
-``weight_g``, an attention's projections) is taken as trained, as every parameter was before.
+frozen of one node's layer. A parameter whose size this module does not know by its name (an attention's
+projections) is taken as trained, as every parameter was before.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _sizes(node: Node) -> dict[str, int] | None:
     """The size of each parameter of ``node``'s layer by its name, or None where this module does not know them."""
     a, total = node.attrs, node_params(node)
     if a.get("weight_norm") or a.get("spectral_norm"):
-        return None
+        return _normed_sizes(node, total)
     if node.op in _WEIGHT_BIAS:
         if node.op in ("conv2d", "conv_transpose2d"):
             bias = int(a["out_channels"]) if a.get("bias") else 0
@@ -68,6 +68,22 @@ def _sizes(node: Node) -> dict[str, int] | None:
     if node.op in _ONE_TENSOR:
         return {"weight": total} if total else {}
     return None
+
+
+def _normed_sizes(node: Node, total: int) -> dict[str, int]:
+    """:func:`_sizes` of a conv2d's or linear's layer of ``weight_norm`` (g, one a channel, and v) or
+    ``spectral_norm`` (the original weight), by the names torch's parametrization or hook gives them."""
+    a = node.attrs
+    cout = int(a.get("out_channels", a.get("out_features", 0)))
+    bias = cout if a.get("bias") else 0
+    hook = (a.get("weight_norm") or a.get("spectral_norm")) == "hook"
+    if a.get("weight_norm"):
+        g, v = ("weight_g", "weight_v") if hook else ("parametrizations.weight.original0",
+                                                      "parametrizations.weight.original1")
+        sizes = {g: cout, v: total - bias - cout}
+    else:
+        sizes = {"weight_orig" if hook else "parametrizations.weight.original": total - bias}
+    return {**sizes, **({"bias": bias} if bias else {})}
 
 
 def frozen_split(node: Node, names: frozenset[str] | None) -> FrozenSplit | None:
@@ -87,7 +103,8 @@ def frozen_split(node: Node, names: frozenset[str] | None) -> FrozenSplit | None
         return None
     params = sum(sizes[k] for k in known)
     whole = len(known) == len(sizes)
-    return FrozenSplit(params, len(known), "weight" in known, "bias" in known or "bias" not in sizes and whole, whole)
+    weight = set(sizes) - {"bias"} <= set(known)  # every tensor the weight is made of (a normed layer's g and v)
+    return FrozenSplit(params, len(known), weight, "bias" in known or "bias" not in sizes and whole, whole)
 
 
 #: Ops whose weight's and bias's gradients :func:`frozen_cost` takes out of the backward (the others keep theirs:
@@ -121,10 +138,10 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
         flops -= outputs
         kernels -= 1
     batch_saved = cost.batch_saved
-    if split.whole and node.attrs.get("weight_norm"):  # its g and v frozen: the norm makes no node (no kernel back,
+    if split.weight and node.attrs.get("weight_norm"):  # its g and v frozen: the norm makes no node (no kernel back,
         kernels -= 1  # no norm per output channel kept; the weight computed is kept by the layer all the same)
         batch_saved = batch_saved[:-1]
-    if split.whole and node.attrs.get("spectral_norm"):  # nor does the division by sigma (9 kernels back; u, v and
+    if split.weight and node.attrs.get("spectral_norm"):  # nor does the division by sigma (9 kernels back; u, v and
         kernels -= 9  # sigma not kept)
         batch_saved = batch_saved[:-3]
     form = node.attrs.get("standardize")

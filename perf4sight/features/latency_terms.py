@@ -135,7 +135,7 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
             if learnt:
                 r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g, True)
     _bias_rows(r, a, hw_out * cout, b_out, frozen)
-    _weight_norm_rows(r, a, w_bytes, frozen is None or not frozen.whole)
+    _weight_norm_rows(r, a, w_bytes, frozen is None or not frozen.weight)
     if a.get("standardize"):  # its weight standardised once a step: small kernels over the weight, forward and back
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
         bwd = bwd if frozen is None or not frozen.whole else 0  # none back frozen whole
@@ -315,7 +315,7 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Froz
         r.gemm(fout, fin, rows, 2, b_io, w, True)
     if a.get("bias") and (frozen is None or not frozen.bias):  # the bias's gradient, the incoming one summed down
         r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT, True)
-    _weight_norm_rows(r, a, w, frozen is None or not frozen.whole)
+    _weight_norm_rows(r, a, w, frozen is None or not frozen.weight)
 
 
 def _matrix_product(r: _Rows, node: Node, in_shapes: list[list[int]], needs: list[bool]) -> None:
