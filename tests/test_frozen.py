@@ -621,3 +621,30 @@ def test_a_normed_layer_s_frozen_part_is_untrained_in_the_features(how, part):
     weight = "spectral" in how
     assert back - weight == len(ran[0][1]) - len(ran[1][1]) == (9 if weight else 0)
     assert network_features(whole).batch_saved_sizes.sum() - nf.batch_saved_sizes.sum() == kept[0] - kept[1]
+
+
+@pytest.mark.parametrize("form", ("scaled batch_norm", "scaled layer_norm"))
+@pytest.mark.parametrize("parts", ("gain", "weight", "gain weight"))
+def test_a_scaled_standardised_conv_s_frozen_gain_or_weight_is_what_torch_leaves_untrained(form, parts):
+    """ScaledStdConv2d's gain frozen alone was taken as trained, and its weight frozen alone counted the gain frozen
+    with it (the weight's size was the layer's parameters but the bias's): the trained bytes and updated tensors are
+    torch's optimiser's. Both frozen (the bias trained), the standardisation and the gain run nothing back and keep
+    nothing but the weight the conv reads, as frozen whole."""
+    net = _standardised(form)
+    whole = describe(net, [3, 8, 8], "scaled_whole")
+    ran, kept = [_dispatched(net, 2)], [2 * _kept_apart_from_parameters(net, 1) - _kept_apart_from_parameters(net, 2)]
+    for part in parts.split():
+        getattr(net.b, part).requires_grad_(False)
+    ran.append(_dispatched(net, 2))
+    kept.append(2 * _kept_apart_from_parameters(net, 1) - _kept_apart_from_parameters(net, 2))
+    desc = describe(net, [3, 8, 8], "scaled_part")
+    assert desc.extra["frozen_parameters"] == [f"conv2d.{part}" for part in parts.split()]
+    nf = network_features(desc)
+    trained = [p for p in net.parameters() if p.requires_grad]
+    assert nf.static[TRAINED_PARAM_BYTES] == 4 * sum(p.numel() for p in trained)
+    assert nf.kernels.param_tensors == len(trained)
+    if parts == "gain weight":  # the weight's gradient a kernel of its own here, in convolution_backward on a CPU
+        w = network_features(whole)
+        back = features_for(w, 2)["kernels_bwd"] - features_for(nf, 2)["kernels_bwd"]
+        assert back - 1 == len(ran[0][1]) - len(ran[1][1]) > 1
+        assert w.batch_saved_sizes.sum() - nf.batch_saved_sizes.sum() == kept[0] - kept[1] > 0

@@ -64,7 +64,9 @@ def _sizes(node: Node) -> dict[str, int] | None:
             bias = int(a["out_features"]) if a.get("bias") else 0
         else:  # a norm's weight and bias, of one size each
             bias = total // 2
-        return {"weight": total - bias, **({"bias": bias} if bias else {})} if total else {}
+        gain = int(a["out_channels"]) if "standardize_scale" in a else 0  # ScaledStdConv2d's, one an output channel
+        return {"weight": total - bias - gain, **({"gain": gain} if gain else {}),
+                **({"bias": bias} if bias else {})} if total else {}
     if node.op in _ONE_TENSOR:
         return {"weight": total} if total else {}
     return None
@@ -145,7 +147,7 @@ def frozen_cost(cost: OpCost, node: Node, split: FrozenSplit) -> OpCost:
         kernels -= 9  # sigma not kept)
         batch_saved = batch_saved[:-3]
     form = node.attrs.get("standardize")
-    if split.whole and form:  # nor does its weight's standardisation, nor a ScaledStdConv2d's gain: their kernels
+    if split.weight and form:  # nor does its weight's standardisation, nor a ScaledStdConv2d's gain: their kernels
         kernels, batch_saved = _frozen_standardisation(node, form, kernels, batch_saved)  # back and what they kept
     return changed(cost, flops_bwd=max(flops, 0.0), kernels_bwd=max(kernels, 0), saved=saved, batch_saved=batch_saved)
 

@@ -138,13 +138,13 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
     _weight_norm_rows(r, a, w_bytes, frozen is None or not frozen.weight)
     if a.get("standardize"):  # its weight standardised once a step: small kernels over the weight, forward and back
         fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
-        bwd = bwd if frozen is None or not frozen.whole else 0  # none back frozen whole
+        bwd = bwd if frozen is None or not frozen.weight else 0  # none back its weight frozen
         for back in (False,) * fwd + (True,) * bwd:
             r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes, back)
         if "standardize_scale" in a:  # ScaledStdConv2d's gain and scale (formulas._scaled_gain): timm's over a float
             # an output channel, one kernel each way; its older spelling's over the weight, 2 forward and 4 back
             fwd, bwd, size = (1, 1, cout * BYTES_PER_ELEMENT) if a["standardize"] == "batch_norm" else (2, 4, w_bytes)
-            bwd = bwd if frozen is None or not frozen.whole else 0
+            bwd = bwd if frozen is None or not frozen.weight else 0
             for back in (False,) * fwd + (True,) * bwd:
                 r.other(BANDWIDTH, 0.0, 0.0, 2.0 * size, back)
 
