@@ -415,8 +415,9 @@ class _Normed(nn.Module):
         return self.fc(torch.relu(self.b(torch.relu(self.a(x)))).mean((2, 3)))
 
 
-def _kept_bytes(net: nn.Module, batch: int) -> int:
-    """The bytes of the tensors (parameters aside) autograd keeps for ``net``'s backward at ``batch``."""
+def _kept_bytes(net: nn.Module, batch: int, side: int = 8) -> int:
+    """The bytes of the tensors (parameters aside) autograd keeps for ``net``'s backward at ``batch`` (images of
+    3 x ``side`` x ``side``)."""
     kept: dict[int, int] = {}
 
     def pack(t):
@@ -424,7 +425,7 @@ def _kept_bytes(net: nn.Module, batch: int) -> int:
             kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        net(torch.randn(batch, 3, 8, 8))
+        net(torch.randn(batch, 3, side, side))
     return sum(kept.values())
 
 
@@ -497,15 +498,8 @@ def test_a_swin_stage_frozen_computes_its_input_gradients_alone():
     whole = describe(net, [3, 32, 32], "small_swin")
 
     def ran(batch):
-        kept: dict[int, int] = {}
+        return _kept_bytes(net, batch, 32)
 
-        def pack(t):
-            if not isinstance(t, nn.Parameter):
-                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            net(torch.randn(batch, 3, 32, 32))
-        return sum(kept.values())
     def flops():
         with FlopCounterMode(display=False) as counter:
             net(torch.randn(2, 3, 32, 32)).sum().backward()
