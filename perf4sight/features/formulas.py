@@ -36,7 +36,7 @@ from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
            "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "kernel_dilates", "copied_first",
-           "sorted_shape", "STANDARDIZE_KERNELS", "NO_GRADIENT_OPS"]
+           "sorted_shape", "STANDARDIZE_KERNELS", "NO_GRADIENT_OPS", "scaled_gain_kernels"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -118,6 +118,13 @@ def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
                    batch_saved=cost.batch_saved + tuple(float(b) for b in kept))
 
 
+def scaled_gain_kernels(form: str) -> tuple[int, int]:
+    """The kernels (forward, back) of a ScaledStdConv2d's gain and scale of standardisation ``form``
+    (:func:`_scaled_gain`): timm's ``batch_norm`` one each way, over a float an output channel; the older
+    spellings' two forward and four back, over the weight."""
+    return (1, 1) if form == "batch_norm" else (2, 4)
+
+
 def _scaled_gain(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
     """``cost`` of a conv2d standardised with a learnt gain per output channel and a fixed scale (its attr
     ``standardize_scale``: NFNets' ScaledStdConv2d): the gain's ``cout`` parameters, a tensor more. By ``batch_norm``
@@ -127,7 +134,7 @@ def _scaled_gain(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
     (scale * (w - m) / (s + eps))``): the two products forward; back the scale's product and the gain's (the weight's
     gradient, and the gain's, a product summed down); kept, the standardised weight the gain multiplies (torch 2.14,
     a dispatch log)."""
-    fwd, bwd, kept = (1, 1, cout) if form == "batch_norm" else (2, 4, weights)
+    (fwd, bwd), kept = scaled_gain_kernels(form), cout if form == "batch_norm" else weights
     return changed(cost, params=cost.params + cout, param_tensors=cost.param_tensors + 1,
                    kernels_fwd=cost.kernels_fwd + fwd, kernels_bwd=cost.kernels_bwd + bwd,
                    batch_saved=cost.batch_saved + (float(kept * BYTES_PER_ELEMENT),))

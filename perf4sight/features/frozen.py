@@ -12,7 +12,7 @@ projections) is taken as trained, as every parameter was before.
 from __future__ import annotations
 
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, STANDARDIZE_KEPT, STANDARDIZE_KERNELS, OpCost, changed,
-                                          numel, window_geometry)
+                                          numel, scaled_gain_kernels, window_geometry)
 from perf4sight.ir.schema import (FROZEN_LAYERS, FROZEN_PARAMETERS, SHARES, NetworkDescription, Node, frozen_parameter,
                                   node_params)
 
@@ -161,7 +161,7 @@ def _frozen_standardisation(node: Node, form: str, kernels: int,
     scaled = "standardize_scale" in node.attrs
     sized, per_channel = STANDARDIZE_KEPT[form]
     added = sized + per_channel + (1 if scaled else 0)
-    kernels -= STANDARDIZE_KERNELS[form][1] + ((1 if form == "batch_norm" else 4) if scaled else 0)
+    kernels -= STANDARDIZE_KERNELS[form][1] + (scaled_gain_kernels(form)[1] if scaled else 0)
     a = node.attrs
     weights = int(a["out_channels"]) * (int(a["in_channels"]) // int(a["groups"])) * numel(a["kernel_size"])
     return kernels, batch_saved[:-added] + (float(weights * BYTES_PER_ELEMENT),)

@@ -41,7 +41,7 @@ import numpy as np
 
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
                                          STANDARDIZE_KERNELS,
-                                         hands_input_back, numel, position_loss, window_geometry)
+                                         hands_input_back, numel, position_loss, scaled_gain_kernels, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.frozen import FrozenSplit
 from perf4sight.features.walk import (Visit, gradient_accumulations, split_gathers, trained_params, trained_tensors,
@@ -143,7 +143,8 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool, frozen: Frozen
             r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes, back)
         if "standardize_scale" in a:  # ScaledStdConv2d's gain and scale (formulas._scaled_gain): timm's over a float
             # an output channel, one kernel each way; its older spelling's over the weight, 2 forward and 4 back
-            fwd, bwd, size = (1, 1, cout * BYTES_PER_ELEMENT) if a["standardize"] == "batch_norm" else (2, 4, w_bytes)
+            fwd, bwd = scaled_gain_kernels(a["standardize"])
+            size = cout * BYTES_PER_ELEMENT if a["standardize"] == "batch_norm" else w_bytes
             bwd = bwd if frozen is None or not frozen.weight else 0
             for back in (False,) * fwd + (True,) * bwd:
                 r.other(BANDWIDTH, 0.0, 0.0, 2.0 * size, back)
