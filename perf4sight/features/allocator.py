@@ -495,9 +495,17 @@ def _grown_from(alloc: CachingAllocator, live: dict[int, _Block], mark: _Mark, t
     the look on. Then it runs the step's course from here: each request that made a segment there finds that segment
     here, and it ends as the step's run did. Three integers compared before a look is taken."""
     key, skip, look = mark.whole
-    return (alloc.allocated == key[1] and alloc.reserved == mark.reserved and alloc._next_ptr == twin.next_ptr
-            and _grown_by_whole_segments(look, mark.next_ptr, alloc.snapshot(live, skip), twin.record[mark.record_at:],
-                                         alloc._free))
+    return _grown(alloc, mark, key[1], look, lambda: alloc.snapshot(live, skip), twin.record, twin.next_ptr)
+
+
+def _grown(alloc: CachingAllocator, mark: _Mark, allocated: int, then: tuple, now: Callable[[], tuple],
+           record: list[int], next_ptr: int) -> bool:
+    """:func:`_grown_from`'s test, shared with :func:`_run_to_mark`: the bytes allocated those at the look ``mark``
+    (``allocated``), the bytes reserved those of the marked run's end, the next segment where that run's end left it
+    (``next_ptr``), and :func:`_grown_by_whole_segments` of the look then (``then``) and now (``now()``, taken only
+    where the three integers agree), with that run's ``record`` from the look on."""
+    return (alloc.allocated == allocated and alloc.reserved == mark.reserved and alloc._next_ptr == next_ptr
+            and _grown_by_whole_segments(then, mark.next_ptr, now(), record[mark.record_at:], alloc._free))
 
 
 def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
@@ -513,10 +521,8 @@ def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], size
     for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
         if n:
             mark, look = marks[n], alloc.snapshot(live, skip, tensors=False)
-            if look == mark.snapshot or (
-                    record is not None and alloc.allocated == mark.snapshot[1] and alloc.reserved == mark.reserved
-                    and alloc._next_ptr == next_ptr and _grown_by_whole_segments(
-                        mark.snapshot, mark.next_ptr, look, record[mark.record_at:], alloc._free)):
+            if look == mark.snapshot or (record is not None and _grown(
+                    alloc, mark, mark.snapshot[1], mark.snapshot, lambda: look, record, next_ptr)):
                 return max(alloc.peak_reserved, mark.reserved), max(alloc.peak_allocated, mark.allocated)
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live)
