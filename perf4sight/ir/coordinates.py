@@ -73,9 +73,10 @@ def _coordinates(end: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
             and not view.kwargs):
         return None
     line = view.args[0]
-    if _line(line) is None:
+    read = _line(line)
+    if read is None:
         return None
-    start, stop, steps = _line(line)
+    start, stop, steps = read
     sources = {_size_source(a) for a in [*_sizes(end), steps] if isinstance(a, fx.Node)}
     if len(sources) != 1 or None in sources or not isinstance(_sizes(end)[0], fx.Node):
         return None  # sizes read off one map, the batch's among them (a batch fixed at the trace is no channel)
