@@ -182,13 +182,33 @@ def _scaled_gain(weight: Any, out: int) -> Optional[tuple[float, list[fx.Node]]]
     if not _is(weight, {"view", "reshape"}) or weight.kwargs or list(weight.args[1:]) not in ([-1], [(-1,)]):
         return None
     product = weight.args[0]
-    if not _is(product, _MULS) or len(product.args) != 2 or product.kwargs:
+    scaled = _times_number(product)
+    if scaled is None:
         return None
-    gain, scale = product.args if isinstance(product.args[0], fx.Node) else product.args[::-1]
-    if not isinstance(gain, fx.Node) or gain.op != "get_attr" or isinstance(scale, bool) or \
-            not isinstance(scale, (int, float)) or _shape(gain) != (out, 1, 1, 1):
+    scale, gain = scaled
+    if not isinstance(gain, fx.Node) or gain.op != "get_attr" or _shape(gain) != (out, 1, 1, 1):
         return None
-    return float(scale), [product, weight]
+    return scale, [product, weight]
+
+
+def _times_gain(w: Any) -> Optional[tuple[fx.Node, fx.Node]]:
+    """``(gain, other)`` where ``w`` is a product of two nodes, one a parameter (``get_attr``: ScaledStdConv2d's
+    gain), in either order; None otherwise."""
+    if not _is(w, _MULS) or len(w.args) != 2 or w.kwargs or not all(isinstance(a, fx.Node) for a in w.args):
+        return None
+    gain, other = w.args if w.args[0].op == "get_attr" else w.args[::-1]
+    return (gain, other) if gain.op == "get_attr" else None
+
+
+def _times_number(n: Any) -> Optional[tuple[float, Any]]:
+    """``(number, other)`` where ``n`` is a product of a number (not a bool: ScaledStdConv2d's scale) and another
+    value, in either order; None otherwise."""
+    if not _is(n, _MULS) or len(n.args) != 2 or n.kwargs:
+        return None
+    number, other = n.args if not isinstance(n.args[0], fx.Node) else n.args[::-1]
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return None
+    return float(number), other
 
 
 def _both(first: fx.Node, second: fx.Node) -> Optional[fx.Node]:
@@ -247,17 +267,18 @@ def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
 def _by_scaled_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     """timm's older ScaledStdConv2d: ``s, m = torch.std_mean(p, ...)``, ``gain * (scale * (p - m) / (s + eps))``, the
     gain a parameter ``[out, 1, 1, 1]``: std_mean of ``standardize_scale``."""
-    if not _is(w, _MULS) or len(w.args) != 2 or w.kwargs or not all(isinstance(a, fx.Node) for a in w.args):
+    gained = _times_gain(w)
+    if gained is None:
         return None
-    gain, divided = w.args if w.args[0].op == "get_attr" else w.args[::-1]
-    if gain.op != "get_attr" or not _is(divided, _DIVS) or len(divided.args) != 2 or divided.kwargs:
+    gain, divided = gained
+    if not _is(divided, _DIVS) or len(divided.args) != 2 or divided.kwargs:
         return None
     numerator, spread = divided.args
-    if not _is(numerator, _MULS) or len(numerator.args) != 2 or numerator.kwargs:
+    scaled = _times_number(numerator)
+    if scaled is None:
         return None
-    scale, centred = numerator.args if not isinstance(numerator.args[0], fx.Node) else numerator.args[::-1]
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not _is(centred, _SUBS) or \
-            len(centred.args) != 2 or centred.kwargs or _plus_eps(spread) is None:
+    scale, centred = scaled
+    if not _is(centred, _SUBS) or len(centred.args) != 2 or centred.kwargs or _plus_eps(spread) is None:
         return None
     p, mean = centred.args
     std, eps = _plus_eps(spread)
@@ -269,7 +290,7 @@ def _by_scaled_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node
     if stat is None:
         return None
     return p, {"standardize": "std_mean", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"],
-               "standardize_scale": float(scale)}, [both, std, mean, centred, numerator, spread, divided, w]
+               "standardize_scale": scale}, [both, std, mean, centred, numerator, spread, divided, w]
 
 
 def _by_layer_norm(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
@@ -278,14 +299,13 @@ def _by_layer_norm(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     chain: list[fx.Node] = []
     attrs: dict = {}
     norm = w
-    if _is(w, _MULS) and len(w.args) == 2 and not w.kwargs and all(isinstance(a, fx.Node) for a in w.args):
-        gain, scaled = w.args if w.args[0].op == "get_attr" else w.args[::-1]
-        if gain.op != "get_attr" or not _is(scaled, _MULS) or len(scaled.args) != 2 or scaled.kwargs:
+    gained = _times_gain(w)
+    if gained is not None:  # gain * (scale * F.layer_norm(...)): timm's ScaledStdConv2d of use_layernorm
+        gain, scaled = gained
+        times = _times_number(scaled)
+        if times is None:
             return None
-        scale, norm = scaled.args if not isinstance(scaled.args[0], fx.Node) else scaled.args[::-1]
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            return None
-        attrs["standardize_scale"] = float(scale)
+        attrs["standardize_scale"], norm = times
         chain += [scaled, w]
     if not (isinstance(norm, fx.Node) and norm.op == "call_function" and norm.target is F.layer_norm):
         return None
