@@ -683,10 +683,10 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     described = time.perf_counter()
     queries = _queries(fp, descs)
     preds = fp.predict(queries, batch_sizes)
+    elapsed, describing = time.perf_counter() - described, described - started  # the notes are not the prediction
     _domain_note(fp, queries, batch_sizes, shape_noted=True)
     _family_note(fp, descs)
     _one_image_note(descs, batch_sizes, [p["network"] for p in preds if p["batch_size"] == 1 and p["fits"]])
-    elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
         for p in preds:
             _json_line(args, _rounded(p))

@@ -26,6 +26,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import (FEATURE_NAMES, BeyondReplay, NetworkFeatures, feature_matrix,
                                           network_features)
+from perf4sight.features.alloc_trace import ensure_simulation  # here, not at the first prediction (~9 ms)
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
 from perf4sight.features.frozen import frozen_of
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
@@ -416,7 +417,6 @@ class Fingerprint(ModuleQueries):
 
     def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
         """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
-        from perf4sight.features.alloc_trace import ensure_simulation
         ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay)
 
     def _demand(self, F: np.ndarray, families: list[str], mem: np.ndarray | None = None) -> np.ndarray:
